@@ -1,0 +1,25 @@
+// Registers the tensor-* checks with clang-tidy's module registry: used by the
+// tensor-tidy driver and by stock clang-tidy through --load.
+#include "ClangTidyModule.h"
+#include "ClangTidyModuleRegistry.h"
+
+#include "ViewNonContiguousCheck.h"
+
+namespace clang::tidy::tensor {
+
+class TensorTidyModule : public ClangTidyModule {
+public:
+  void addCheckFactories(ClangTidyCheckFactories &Factories) override {
+    Factories.registerCheck<ViewNonContiguousCheck>("tensor-view-non-contiguous");
+  }
+};
+
+} // namespace clang::tidy::tensor
+
+namespace clang::tidy {
+static ClangTidyModuleRegistry::Add<tensor::TensorTidyModule>
+    X("tensor-module", "Checks for aliasing, copy and layout hazards in tensor code.");
+
+// Referenced by the driver so the linker keeps this object (and the registration).
+volatile int TensorTidyModuleAnchorSource = 0;
+} // namespace clang::tidy

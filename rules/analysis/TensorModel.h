@@ -1,0 +1,41 @@
+// The tensor model: which types are tensor handles, and what a call on one does
+// to storage (from the runtime's op table, tt/ops.def).
+#pragma once
+
+#include "clang/AST/Expr.h"
+#include "clang/AST/Type.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringRef.h"
+#include "tt/op_semantics.h"
+
+#include <string>
+
+namespace clang::tidy::tensor {
+
+namespace sem = ::tt::semantics;
+
+class TensorModel {
+public:
+  // Fully qualified type names, e.g. "::tt::Tensor;::at::Tensor".
+  explicit TensorModel(llvm::StringRef TensorTypes);
+
+  static constexpr llvm::StringLiteral DefaultTensorTypes = "::tt::Tensor;::at::Tensor";
+
+  // True for a tensor handle type (also through references, cv and sugar).
+  bool isTensorType(QualType T) const;
+  bool isTensorExpr(const Expr *E) const;
+
+  // The table row for a member call on a tensor (or a free function taking a
+  // tensor first), or nullptr when the callee is not a tensor op we know.
+  const sem::OpInfo *opOf(const CallExpr *Call) const;
+
+  // The tensor a member call is made on (the implicit object), or nullptr.
+  static const Expr *selfOf(const CallExpr *Call);
+
+  llvm::ArrayRef<std::string> typeNames() const { return Names; }
+
+private:
+  llvm::SmallVector<std::string, 4> Names;
+};
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,72 @@
+// Typed access to tt/ops.def. Header-only and dependency-free on purpose: the
+// checks include it without linking the runtime.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace tt::semantics {
+
+enum class Storage : std::uint8_t { View, MayAlias, Copy, InPlace, Detach, Fresh, Factory, None };
+enum class Layout : std::uint8_t { Contiguous, Same, Permuted, Strided, ViewOfSame, Unknown };
+enum class Autograd : std::uint8_t { Differentiable, NotDifferentiable };
+
+struct OpInfo {
+  std::string_view name;
+  Storage storage;
+  Layout layout;
+  Autograd autograd;
+};
+
+inline constexpr OpInfo kOps[] = {
+#define TT_OP(Name, S, L, A) {#Name, Storage::S, Layout::L, Autograd::A},
+#include "tt/ops.def"
+#undef TT_OP
+};
+
+inline constexpr std::size_t kNumOps = sizeof(kOps) / sizeof(kOps[0]);
+
+// Linear scan: ~100 entries, called on method names the caller already knows
+// belong to a tensor type.
+constexpr const OpInfo *lookup(std::string_view name) {
+  for (const OpInfo &op : kOps)
+    if (op.name == name)
+      return &op;
+  return nullptr;
+}
+
+// Every method whose name ends in '_' (but not "__") writes self in place, by
+// the PyTorch naming convention, even when it is not in the table.
+constexpr bool isInPlaceName(std::string_view name) {
+  if (const OpInfo *op = lookup(name))
+    return op->storage == Storage::InPlace;
+  return name.size() > 1 && name.back() == '_' && name[name.size() - 2] != '_';
+}
+
+constexpr std::string_view toString(Storage s) {
+  switch (s) {
+  case Storage::View: return "view";
+  case Storage::MayAlias: return "may-alias";
+  case Storage::Copy: return "copy";
+  case Storage::InPlace: return "in-place";
+  case Storage::Detach: return "detach";
+  case Storage::Fresh: return "fresh";
+  case Storage::Factory: return "factory";
+  case Storage::None: return "none";
+  }
+  return "?";
+}
+
+constexpr std::string_view toString(Layout l) {
+  switch (l) {
+  case Layout::Contiguous: return "contiguous";
+  case Layout::Same: return "same";
+  case Layout::Permuted: return "permuted";
+  case Layout::Strided: return "strided";
+  case Layout::ViewOfSame: return "view-of-same";
+  case Layout::Unknown: return "unknown";
+  }
+  return "?";
+}
+
+} // namespace tt::semantics

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: set-up if needed, then every lit and unit suite, ending
+# with the line 'N passed, N failed[, N skipped]'. Extra args go to lit.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${TT_BUILD_DIR:-$ROOT/build}
+"$ROOT/scripts/setup.sh" "$BUILD"
+exec python3 "$ROOT/scripts/run-lit.py" "$BUILD/test" "$@"

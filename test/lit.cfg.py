@@ -1,0 +1,52 @@
+# lit configuration for the checks, the driver and the runtime's end-to-end tests.
+import os
+import shutil
+import subprocess
+
+import lit.formats
+
+config.name = "tensor-tidy"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".cpp", ".test"]
+config.excludes = ["Inputs", "unit", "lit", "lit.cfg.py", "lit.site.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.tt_obj_root, "test")
+
+config.environment["PATH"] = os.pathsep.join(
+    [config.tt_bin_dir, config.llvm_bin_dir, config.environment.get("PATH", "")])
+for var in ("TT_TRACE", "CUDA_VISIBLE_DEVICES", "HOME"):
+    if var in os.environ:
+        config.environment[var] = os.environ[var]
+
+module = os.path.join(config.tt_lib_dir, "TensorTidyModule.so")
+tt_include = "-I" + os.path.join(config.tt_src_root, "runtime", "include")
+checker = os.path.join(config.tt_src_root, "test", "lit", "check_tensor_tidy.py")
+
+config.substitutions += [
+    ("%tensor_tidy", os.path.join(config.tt_bin_dir, "tensor-tidy")),
+    ("%clang_tidy_plugin", "clang-tidy-19 --load=" + module),
+    ("%tt_module", module),
+    ("%tt_include", tt_include),
+    ("%tt_lib", "-L%s -Wl,-rpath,%s -ltt_runtime" % (config.tt_lib_dir, config.tt_lib_dir)),
+    ("%torch_include", config.torch_include_flags),
+    ("%clangxx", "clang++-19"),
+    ("%python", config.python),
+    ("%tt_src", config.tt_src_root),
+    ("%{tt_obj_root}", config.tt_obj_root),
+    ("%check_tensor_tidy", "%s %s --tensor-tidy=%s --module=%s --tt-include=%s" % (
+        config.python, checker, os.path.join(config.tt_bin_dir, "tensor-tidy"), module,
+        os.path.join(config.tt_src_root, "runtime", "include"))),
+]
+
+if config.have_tidy:
+    config.available_features.add("tidy")
+if config.torch_include_flags:
+    config.available_features.add("torch")
+if config.have_cuda_build:
+    config.available_features.add("cuda-build")
+try:
+    if shutil.which("nvidia-smi") and subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0:
+        config.available_features.add("cuda-gpu")
+except (OSError, subprocess.SubprocessError):
+    pass
