@@ -1,19 +1,15 @@
 // tensor-tidy: runs the tensor-* checks through clang-tidy's library.
-// Thin on purpose: option parsing and reporting live here, analysis in rules/.
-#include "ClangTidy.h"
-#include "ClangTidyDiagnosticConsumer.h"
-#include "ClangTidyOptions.h"
+// Thin on purpose: the command line lives here, the run in Driver.cpp, the
+// analysis in rules/.
+#include "Docs.h"
+#include "Driver.h"
 
-#include "clang/Tooling/CommonOptionsParser.h"
 #include "clang/Tooling/CompilationDatabase.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
-#include "llvm/Support/Process.h"
-#include "llvm/Support/VirtualFileSystem.h"
 #include "llvm/Support/raw_ostream.h"
 
-using namespace clang;
-using namespace clang::tidy;
+using namespace tensor_tidy;
 namespace cl = llvm::cl;
 
 namespace clang::tidy {
@@ -23,97 +19,114 @@ static int LLVM_ATTRIBUTE_UNUSED TensorTidyModuleAnchorDestination = TensorTidyM
 
 static cl::OptionCategory Category("tensor-tidy options");
 
-static cl::opt<std::string> Checks("checks", cl::desc("Comma-separated globs of checks (default: tensor-*)"),
-                                   cl::init(""), cl::cat(Category));
+static cl::list<std::string> Files(cl::Positional, cl::desc("[<file> ...]"), cl::cat(Category));
+static cl::opt<std::string> BuildPath("p", cl::desc("Build directory with compile_commands.json"),
+                                      cl::value_desc("build-dir"), cl::cat(Category));
+static cl::opt<std::string> Checks("checks",
+                                   cl::desc("Comma-separated globs of checks (default: tensor-*)"),
+                                   cl::cat(Category));
 static cl::opt<std::string> WarningsAsErrors("warnings-as-errors",
-                                             cl::desc("Checks whose warnings become errors"),
-                                             cl::init(""), cl::cat(Category));
+                                             cl::desc("Globs of checks whose warnings are errors"),
+                                             cl::cat(Category));
 static cl::opt<std::string> HeaderFilter("header-filter",
                                          cl::desc("Regex of headers to report diagnostics from"),
-                                         cl::init(""), cl::cat(Category));
-static cl::opt<std::string> Config("config", cl::desc("Inline configuration in .clang-tidy format"),
-                                   cl::init(""), cl::cat(Category));
-static cl::opt<bool> Fix("fix", cl::desc("Apply fix-its in place"), cl::cat(Category));
-static cl::opt<std::string> ExportFixes("export-fixes", cl::desc("Write fixes as YAML to this file"),
+                                         cl::cat(Category));
+static cl::opt<bool> SystemHeaders("system-headers", cl::desc("Report findings in system headers"),
+                                   cl::cat(Category));
+static cl::opt<std::string> Config("config",
+                                   cl::desc("Configuration in .clang-tidy format (YAML/JSON)"),
+                                   cl::cat(Category));
+static cl::opt<std::string> ConfigFile("config-file",
+                                       cl::desc("Read the configuration from this file"),
+                                       cl::value_desc("file"), cl::cat(Category));
+static cl::list<std::string> ExtraArgs("extra-arg", cl::desc("Append an argument to each compile"),
+                                       cl::cat(Category));
+static cl::list<std::string> ExtraArgsBefore("extra-arg-before",
+                                             cl::desc("Prepend an argument to each compile"),
+                                             cl::cat(Category));
+static cl::opt<bool> Fix("fix", cl::desc("Apply the fix-its in place"), cl::cat(Category));
+static cl::opt<std::string> ExportFixes("export-fixes",
+                                        cl::desc("Write fixes as YAML for clang-apply-replacements"),
                                         cl::value_desc("file"), cl::cat(Category));
 static cl::opt<bool> ListChecks("list-checks", cl::desc("List the enabled checks and exit"),
                                 cl::cat(Category));
+static cl::opt<std::string> Explain("explain", cl::desc("Print the documentation of a check"),
+                                    cl::value_desc("check"), cl::cat(Category));
+static cl::opt<OutputFormat> Format(
+    "format", cl::desc("Output format"), cl::init(OutputFormat::Text),
+    cl::values(clEnumValN(OutputFormat::Text, "text", "clang-style diagnostics (default)"),
+               clEnumValN(OutputFormat::Sarif, "sarif", "SARIF 2.1.0"),
+               clEnumValN(OutputFormat::Json, "json", "tensor-tidy's JSON")),
+    cl::cat(Category));
+static cl::opt<std::string> Output("output", cl::desc("Write the report to this file"),
+                                   cl::value_desc("file"), cl::cat(Category));
+static cl::alias OutputShort("o", cl::desc("Alias for --output"), cl::aliasopt(Output),
+                             cl::cat(Category));
+static cl::opt<unsigned> Jobs("j", cl::desc("Parallel workers (default: one per core)"),
+                              cl::init(0), cl::cat(Category));
 static cl::opt<bool> Quiet("quiet", cl::desc("No progress or summary lines"), cl::cat(Category));
+static cl::opt<std::string> CacheDir("cache-dir",
+                                     cl::desc("Result cache (default: <build-dir>/.tensor-tidy-cache)"),
+                                     cl::value_desc("dir"), cl::cat(Category));
+static cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the result cache"),
+                             cl::cat(Category));
 
-static std::unique_ptr<ClangTidyOptionsProvider> makeOptionsProvider() {
-  ClangTidyGlobalOptions Global;
-  ClangTidyOptions Default = ClangTidyOptions::getDefaults();
-  Default.Checks = "-*,tensor-*";
-  ClangTidyOptions Override;
-  if (!Checks.empty())
-    Override.Checks = Checks;
-  if (!WarningsAsErrors.empty())
-    Override.WarningsAsErrors = WarningsAsErrors;
-  if (!HeaderFilter.empty())
-    Override.HeaderFilterRegex = HeaderFilter;
-  if (!Config.empty()) {
-    auto Parsed = parseConfiguration(llvm::MemoryBufferRef(Config, "--config"));
-    if (!Parsed) {
-      llvm::errs() << "tensor-tidy: error: invalid --config: " << Parsed.getError().message() << "\n";
-      return nullptr;
-    }
-    return std::make_unique<ConfigOptionsProvider>(std::move(Global), std::move(Default),
-                                                   std::move(*Parsed), std::move(Override));
-  }
-  return std::make_unique<FileOptionsProvider>(std::move(Global), std::move(Default),
-                                               std::move(Override), llvm::vfs::getRealFileSystem());
-}
+static const char Overview[] =
+    "Finds tensor aliasing, layout and autograd hazards in C++ (torch::Tensor, tt::Tensor).\n\n"
+    "  tensor-tidy -p <build-dir> [files...]   files from compile_commands.json (all if none)\n"
+    "  tensor-tidy <file> -- <compiler flags>  one file without a database\n\n"
+    "Exit codes: 0 clean (warnings only), 1 findings at error severity, 2 usage, configuration\n"
+    "or database error, 3 a file could not be parsed (the rest is still reported).\n";
 
 int main(int argc, const char **argv) {
   llvm::InitLLVM X(argc, argv);
-  auto Parser = tooling::CommonOptionsParser::create(argc, argv, Category, cl::ZeroOrMore);
-  if (!Parser) {
-    llvm::errs() << "tensor-tidy: error: " << llvm::toString(Parser.takeError()) << "\n";
-    return 2;
-  }
-  auto Provider = makeOptionsProvider();
-  if (!Provider)
-    return 2;
-  const auto &Files = Parser->getSourcePathList();
-  std::string FirstFile = Files.empty() ? "dummy.cpp" : Files.front();
-  ClangTidyOptions Effective = Provider->getOptions(FirstFile);
+  setExecutablePath(argv[0]);
+  cl::HideUnrelatedOptions(Category);
+  cl::SetVersionPrinter([](llvm::raw_ostream &OS) { OS << "tensor-tidy " TT_VERSION "\n"; });
 
-  if (ListChecks) {
-    llvm::outs() << "Enabled checks:\n";
-    for (const auto &Name : getCheckNames(Effective, false))
-      llvm::outs() << "    " << Name << "\n";
-    return 0;
+  DriverOptions Opts;
+  std::string DbError;
+  // Everything after "--" is compiler flags for the files named before it.
+  Opts.FixedDatabase =
+      clang::tooling::FixedCompilationDatabase::loadFromCommandLine(argc, argv, DbError);
+  std::string ParseErrors;
+  llvm::raw_string_ostream ErrOS(ParseErrors);
+  if (!cl::ParseCommandLineOptions(argc, argv, Overview, &ErrOS)) {
+    ErrOS.flush();
+    llvm::errs() << llvm::StringRef(ParseErrors).trim().split('\n').first << "\n";
+    return ExitUsage;
   }
-  if (Files.empty()) {
-    llvm::errs() << "tensor-tidy: error: no input files\n";
-    return 2;
-  }
-  if (getCheckNames(Effective, false).empty()) {
-    llvm::errs() << "tensor-tidy: error: no checks enabled\n";
-    return 2;
+  if (!DbError.empty()) {
+    llvm::errs() << "tensor-tidy: error: " << DbError << "\n";
+    return ExitUsage;
   }
 
-  auto BaseFS = llvm::makeIntrusiveRefCnt<llvm::vfs::OverlayFileSystem>(llvm::vfs::getRealFileSystem());
-  ClangTidyContext Context(std::move(Provider));
-  std::vector<ClangTidyError> Errors =
-      runClangTidy(Context, Parser->getCompilations(), Files, BaseFS, Fix || !ExportFixes.empty());
-  bool FoundErrors = llvm::any_of(Errors, [](const ClangTidyError &E) {
-    return E.DiagLevel == ClangTidyError::Error;
-  });
+  Opts.Files.assign(Files.begin(), Files.end());
+  Opts.BuildPath = BuildPath;
+  if (Checks.getNumOccurrences())
+    Opts.Checks = Checks;
+  if (WarningsAsErrors.getNumOccurrences())
+    Opts.WarningsAsErrors = WarningsAsErrors;
+  if (HeaderFilter.getNumOccurrences())
+    Opts.HeaderFilter = HeaderFilter;
+  if (SystemHeaders.getNumOccurrences())
+    Opts.SystemHeaders = SystemHeaders;
+  Opts.Config = Config;
+  Opts.ConfigFile = ConfigFile;
+  Opts.ExtraArgs.assign(ExtraArgs.begin(), ExtraArgs.end());
+  Opts.ExtraArgsBefore.assign(ExtraArgsBefore.begin(), ExtraArgsBefore.end());
+  Opts.Fix = Fix;
+  Opts.ExportFixes = ExportFixes;
+  Opts.ListChecks = ListChecks;
+  Opts.Explain = Explain;
+  Opts.Format = Format;
+  Opts.Output = Output;
+  Opts.Jobs = Jobs;
+  Opts.Quiet = Quiet;
+  Opts.CacheDir = CacheDir;
+  Opts.NoCache = NoCache;
 
-  unsigned WErrorCount = 0;
-  handleErrors(Errors, Context, Fix ? FB_Fix : FB_NoFix, WErrorCount, BaseFS);
+  // --verify (tool/verify/) hooks in here: it takes over the run when given.
 
-  if (!ExportFixes.empty()) {
-    std::error_code EC;
-    llvm::raw_fd_ostream OS(ExportFixes, EC, llvm::sys::fs::OF_None);
-    if (EC) {
-      llvm::errs() << "tensor-tidy: error: cannot write '" << ExportFixes << "': " << EC.message() << "\n";
-      return 2;
-    }
-    exportReplacements(FirstFile, Errors, OS);
-  }
-  if (FoundErrors)
-    return 3;
-  return WErrorCount ? 1 : 0;
+  return runDriver(Opts);
 }

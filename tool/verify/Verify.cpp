@@ -1,0 +1,939 @@
+// tensor-tidy --verify. The flow per program (a TU with main):
+//   findings + fix-its ─► scratch copies + VFS overlay ─► compile/link original and fixed
+//   ─► run both with TT_TRACE ─► events by source line ─► one verdict per finding.
+#include "Verify.h"
+#include "Trace.h"
+
+#include "clang/Tooling/Core/Diagnostic.h"
+#include "clang/Tooling/Core/Replacement.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <map>
+#include <set>
+
+extern char **environ;
+
+using namespace llvm;
+namespace cl = llvm::cl;
+using clang::tidy::ClangTidyError;
+using clang::tooling::Replacement;
+using clang::tooling::Replacements;
+
+namespace tensor_tidy::verify {
+
+static cl::opt<bool> Verify("verify",
+                            cl::desc("Prove each finding and its fix: compile and run the original and "
+                                     "the fixed program against the runtime with TT_TRACE on "
+                                     "(docs/verify.md)"));
+static cl::opt<unsigned> Timeout("verify-timeout", cl::desc("Seconds each program run may take (default 20)"),
+                                 cl::init(20));
+static cl::opt<unsigned> MemoryMB("verify-memory", cl::desc("Memory limit of each program run in MiB (default 4096)"),
+                                  cl::init(4096));
+static cl::list<std::string> ProgramArgs("verify-arg", cl::desc("An argument passed to both programs (repeatable)"),
+                                         cl::value_desc("arg"));
+static cl::opt<std::string> StdinFile("verify-stdin",
+                                      cl::desc("File fed to both programs' stdin ('-': tensor-tidy's own stdin; "
+                                               "default: empty)"),
+                                      cl::value_desc("file"), cl::init(""));
+static cl::opt<std::string> Format("verify-format", cl::desc("Report format: text (default) or json"),
+                                   cl::init("text"));
+static cl::opt<std::string> Cxx("verify-cxx", cl::desc("C++ compiler used to build the programs (default clang++-19)"),
+                                cl::init(""));
+static cl::opt<std::string> OutputFile("verify-output", cl::desc("Write the report to this file instead of stdout"),
+                                       cl::value_desc("file"), cl::init(""));
+static cl::opt<std::string> KeepDir("verify-keep",
+                                    cl::desc("Keep the scratch copies, binaries and traces in this directory"),
+                                    cl::value_desc("dir"), cl::init(""));
+
+void registerOptions(cl::OptionCategory &Category) {
+  cl::Option *Opts[] = {&Verify, &Timeout, &MemoryMB, std::addressof(ProgramArgs), &StdinFile, &Format, &Cxx, &OutputFile, &KeepDir};
+  for (cl::Option *O : Opts)
+    O->addCategory(Category);
+}
+
+bool enabled() { return Verify; }
+
+namespace {
+
+// ---------------------------------------------------------------- helpers --
+
+std::string absolute(StringRef Path, StringRef Dir) {
+  SmallString<256> P(Path);
+  if (!sys::path::is_absolute(P)) {
+    SmallString<256> D(Dir);
+    if (D.empty())
+      sys::fs::current_path(D);
+    sys::path::append(D, P);
+    P = D;
+  }
+  sys::path::remove_dots(P, /*remove_dot_dot=*/true);
+  return std::string(P);
+}
+
+std::string readFile(StringRef Path) {
+  auto Buf = MemoryBuffer::getFile(Path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  return Buf ? (*Buf)->getBuffer().str() : std::string();
+}
+
+bool writeFile(StringRef Path, StringRef Text) {
+  std::error_code EC;
+  raw_fd_ostream OS(Path, EC, sys::fs::OF_None);
+  if (EC)
+    return false;
+  OS << Text;
+  return true;
+}
+
+// Line starts of a text, for offset <-> line.
+struct Lines {
+  std::vector<unsigned> Starts{0};
+  explicit Lines(StringRef Text) {
+    for (unsigned I = 0; I < Text.size(); ++I)
+      if (Text[I] == '\n')
+        Starts.push_back(I + 1);
+  }
+  unsigned lineOf(unsigned Offset) const {
+    return std::upper_bound(Starts.begin(), Starts.end(), Offset) - Starts.begin();
+  }
+};
+
+std::string baseName(StringRef Path) { return sys::path::filename(Path).str(); }
+
+std::string mib(double Bytes) {
+  if (std::abs(Bytes) >= 1024.0 * 1024.0)
+    return formatv("{0:F1} MiB", Bytes / (1024.0 * 1024.0)).str();
+  if (std::abs(Bytes) >= 1024.0)
+    return formatv("{0:F1} KiB", Bytes / 1024.0).str();
+  return formatv("{0} B", (int64_t)Bytes).str();
+}
+
+std::string num(double V) { return formatv("{0}", V).str(); }
+
+// The first identifier quoted in a diagnostic ('images' or `images`).
+std::string quotedName(StringRef Msg) {
+  for (char Q : {'\'', '`'}) {
+    size_t B = Msg.find(Q);
+    while (B != StringRef::npos) {
+      size_t E = Msg.find(Q, B + 1);
+      if (E == StringRef::npos)
+        break;
+      StringRef Name = Msg.slice(B + 1, E);
+      if (!Name.empty() && all_of(Name, [](char C) { return isAlnum(C) || C == '_'; }) && !isDigit(Name[0]))
+        return Name.str();
+      B = Msg.find(Q, E + 1);
+    }
+  }
+  return "";
+}
+
+// --------------------------------------------------------- running things --
+
+struct RunResult {
+  int RC = 0;
+  bool Started = true, TimedOut = false, Signalled = false;
+  std::string Signal, Stdout, Stderr;
+};
+
+// Runs Args[0] (a path) with optional working directory, environment and stdin.
+RunResult execute(ArrayRef<std::string> Args, StringRef Cwd, std::optional<ArrayRef<StringRef>> Env,
+                  StringRef Stdin, StringRef Scratch, StringRef Tag, unsigned Seconds, unsigned MemMB) {
+  std::vector<std::string> Full;
+  if (!Cwd.empty()) // ExecuteAndWait has no working-directory parameter.
+    Full = {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", Cwd.str()};
+  Full.insert(Full.end(), Args.begin(), Args.end());
+  std::vector<StringRef> Refs(Full.begin(), Full.end());
+  std::string Out = (Scratch + "/" + Tag + ".stdout").str(), Err = (Scratch + "/" + Tag + ".stderr").str();
+  std::string In = Stdin.empty() ? std::string("/dev/null") : Stdin.str();
+  std::optional<StringRef> Redirects[] = {StringRef(In), StringRef(Out), StringRef(Err)};
+  std::string ErrMsg;
+  bool Failed = false;
+  RunResult R;
+  R.RC = sys::ExecuteAndWait(Refs[0], Refs, Env, Redirects, Seconds, MemMB, &ErrMsg, &Failed);
+  R.Stdout = readFile(Out);
+  R.Stderr = readFile(Err);
+  if (Failed) {
+    R.Started = false;
+    R.Stderr = ErrMsg;
+  } else if (R.RC == -2) {
+    if (StringRef(ErrMsg).contains("timed out"))
+      R.TimedOut = true;
+    else {
+      R.Signalled = true;
+      R.Signal = ErrMsg;
+    }
+  } else if (R.RC == -1) {
+    R.Started = false;
+    R.Stderr = ErrMsg;
+  }
+  return R;
+}
+
+// The message of an uncaught exception, from libstdc++'s terminate handler.
+std::string uncaughtWhat(StringRef Stderr) {
+  size_t P = Stderr.find("what():");
+  if (P == StringRef::npos)
+    return "";
+  return Stderr.substr(P + 7).trim().split('\n').first.str();
+}
+
+// First error line of a compiler's output, for the report.
+std::string firstError(StringRef Out) {
+  SmallVector<StringRef> L;
+  Out.split(L, '\n');
+  for (StringRef S : L)
+    if (S.contains("error:"))
+      return S.trim().str();
+  return Out.trim().split('\n').first.str();
+}
+
+// ------------------------------------------------------------- the model --
+
+struct Finding {
+  const ClangTidyError *E;
+  std::string File; // absolute
+  unsigned Line = 0, Col = 0;
+  std::string Check, Message;
+  std::string AliasName, AliasWhere; // from the message or its first note
+  bool HasFix = false, FixApplied = false;
+  std::string FixConflict;
+  std::set<unsigned> FixedLines; // lines of the fixed file the fix touched
+  unsigned FixedLine = 0;        // the finding's line in the fixed file
+  // Verdict.
+  std::string Hazard;   // confirmed | not exercised | unconfirmed
+  std::string Fix;      // verified | changed behaviour | does not compile | crashed | timed out | none | not exercised
+  std::vector<std::string> Evidence;
+  json::Object Figures;
+  bool failed() const {
+    return Fix == "changed behaviour" || Fix == "does not compile" || Fix == "crashed" || Fix == "timed out" ||
+           Fix == "not verified";
+  }
+};
+
+struct Program {
+  std::string File, Dir; // the TU and its compile directory
+  std::vector<std::string> Flags;
+  std::vector<Finding *> Findings;
+  std::map<std::string, std::string> Original, Fixed; // path -> text, for files with fixes
+  std::map<std::string, Replacements> Reps;
+  std::string Status; // "" ok, else why the program could not be verified
+  std::string OrigBuild, FixedBuild;
+  RunResult OrigRun, FixedRun;
+  Trace OrigTrace, FixedTrace;
+  bool OrigBuilt = false, FixedBuilt = false;
+};
+
+// Compile flags of File from the database, minus what would make it not link.
+std::vector<std::string> flagsFor(const clang::tooling::CompilationDatabase &DB, StringRef File, std::string &Dir) {
+  std::vector<std::string> Flags;
+  auto Cmds = DB.getCompileCommands(File);
+  if (Cmds.empty())
+    return Flags;
+  const auto &C = Cmds.front();
+  Dir = C.Directory;
+  std::string AbsFile = absolute(C.Filename, C.Directory);
+  for (size_t I = 1; I < C.CommandLine.size(); ++I) {
+    StringRef A = C.CommandLine[I];
+    if (A == "-c" || A == "-fsyntax-only" || A == "-MD" || A == "-MMD" || A == "--")
+      continue;
+    if (A == "-o" || A == "-MF" || A == "-MT" || A == "-MQ") {
+      ++I;
+      continue;
+    }
+    if ((A.starts_with("-o") && A.size() > 2) || A.starts_with("-MF") || A.starts_with("-MT"))
+      continue;
+    if (!A.starts_with("-") && absolute(A, C.Directory) == AbsFile)
+      continue;
+    Flags.push_back(A.str());
+  }
+  return Flags;
+}
+
+struct Runtime {
+  std::string Include, LibDir;
+};
+
+Runtime findRuntime(const char *Argv0) {
+  static int Anchor;
+  std::string Exe = sys::fs::getMainExecutable(Argv0, &Anchor);
+  SmallString<256> Prefix(sys::path::parent_path(sys::path::parent_path(Exe)));
+  Runtime R;
+  SmallString<256> Lib(Prefix);
+  sys::path::append(Lib, "lib");
+  for (StringRef Sub : {"", "x86_64-linux-gnu"}) {
+    SmallString<256> L(Lib);
+    if (!Sub.empty())
+      sys::path::append(L, Sub);
+    SmallString<256> So(L);
+    sys::path::append(So, "libtt_runtime.so");
+    if (sys::fs::exists(So)) {
+      R.LibDir = std::string(L);
+      break;
+    }
+  }
+  SmallString<256> Inc(Prefix);
+  sys::path::append(Inc, "include");
+  SmallString<256> Hdr(Inc);
+  sys::path::append(Hdr, "tt", "tt.h");
+  if (sys::fs::exists(Hdr))
+    R.Include = std::string(Inc); // install prefix
+#ifdef TT_SOURCE_INCLUDE_DIR
+  else if (sys::fs::exists(TT_SOURCE_INCLUDE_DIR "/tt/tt.h"))
+    R.Include = TT_SOURCE_INCLUDE_DIR; // build tree
+#endif
+  return R;
+}
+
+std::string findCompiler() {
+  if (!Cxx.empty())
+    return Cxx;
+  for (StringRef N : {"clang++-19"})
+    if (auto P = sys::findProgramByName(N))
+      return *P;
+  return "/usr/lib/llvm-19/bin/clang++";
+}
+
+// Where each line of the original lands in the fixed file.
+std::vector<unsigned> mapLines(StringRef Orig, StringRef FixedText, const Replacements &R) {
+  Lines LO(Orig), LF(FixedText);
+  std::vector<unsigned> M(LO.Starts.size() + 1, 0);
+  for (unsigned L = 1; L <= LO.Starts.size(); ++L)
+    M[L] = LF.lineOf(R.getShiftedCodePosition(LO.Starts[L - 1]));
+  return M;
+}
+
+} // namespace
+
+// ------------------------------------------------------------ the verdicts --
+
+namespace {
+
+struct Verifier {
+  Runtime RT;
+  std::string Compiler, Scratch, StdinPath;
+  std::vector<std::unique_ptr<Program>> Programs;
+  std::vector<std::unique_ptr<Finding>> Findings;
+
+  bool build(Program &P, bool Fixed, std::string &Log, std::string &Exe);
+  void runProgram(Program &P, bool Fixed, const std::string &Exe);
+  void judge(Program &P, Finding &F);
+  void compare(Program &P, Finding &F);
+};
+
+bool Verifier::build(Program &P, bool Fixed, std::string &Log, std::string &Exe) {
+  std::string Tag = sys::path::stem(P.File).str() + (Fixed ? ".fixed" : ".orig");
+  Exe = Scratch + "/" + Tag;
+  std::vector<std::string> Args = {Compiler};
+  Args.insert(Args.end(), P.Flags.begin(), P.Flags.end());
+  if (Fixed) {
+    json::Array Roots;
+    for (auto &[Path, Text] : P.Fixed) {
+      std::string Copy = Scratch + "/" + sys::path::stem(P.File).str() + ".fixed." + baseName(Path);
+      if (!writeFile(Copy, Text)) {
+        Log = "cannot write the scratch copy " + Copy;
+        return false;
+      }
+      Roots.push_back(json::Object{{"name", Path}, {"type", "file"}, {"external-contents", Copy}});
+    }
+    json::Object Overlay{{"version", 0},
+                         {"case-sensitive", "true"},
+                         {"use-external-names", false},
+                         {"roots", std::move(Roots)}};
+    std::string OverlayPath = Scratch + "/" + Tag + ".overlay.yaml";
+    writeFile(OverlayPath, formatv("{0:2}", json::Value(std::move(Overlay))).str());
+    Args.push_back("-ivfsoverlay");
+    Args.push_back(OverlayPath);
+  }
+  if (!RT.Include.empty())
+    Args.push_back("-I" + RT.Include);
+  Args.push_back(P.File);
+  Args.push_back("-o");
+  Args.push_back(Exe);
+  if (!RT.LibDir.empty()) {
+    Args.push_back("-L" + RT.LibDir);
+    Args.push_back("-Wl,-rpath," + RT.LibDir);
+  }
+  Args.push_back("-ltt_runtime");
+  RunResult R = execute(Args, P.Dir, std::nullopt, "", Scratch, Tag + ".build", 300, 0);
+  Log = R.Stderr + R.Stdout;
+  return R.Started && R.RC == 0;
+}
+
+void Verifier::runProgram(Program &P, bool Fixed, const std::string &Exe) {
+  std::string Tag = sys::path::stem(P.File).str() + (Fixed ? ".fixed" : ".orig");
+  std::string TracePath = Scratch + "/" + Tag + ".trace.jsonl";
+  sys::fs::remove(TracePath);
+  std::vector<std::string> EnvStore;
+  for (char **E = environ; *E; ++E)
+    if (!StringRef(*E).starts_with("TT_TRACE="))
+      EnvStore.push_back(*E);
+  EnvStore.push_back("TT_TRACE=" + TracePath);
+  std::vector<StringRef> Env(EnvStore.begin(), EnvStore.end());
+  std::vector<std::string> Args = {Exe};
+  Args.insert(Args.end(), ProgramArgs.begin(), ProgramArgs.end());
+  RunResult R = execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, MemoryMB);
+  Trace T = Trace::load(TracePath, P.Dir);
+  (Fixed ? P.FixedRun : P.OrigRun) = std::move(R);
+  (Fixed ? P.FixedTrace : P.OrigTrace) = std::move(T);
+}
+
+// What the original run says about the hazard at F's line.
+void Verifier::judge(Program &P, Finding &F) {
+  const Trace &T = P.OrigTrace;
+  std::string Where = baseName(F.File) + ":" + std::to_string(F.Line);
+  std::vector<const Event *> At = T.at(F.File, F.Line);
+  const Event *Err = T.errorAt(F.File, F.Line);
+  std::string What = uncaughtWhat(P.OrigRun.Stderr);
+
+  if (At.empty() && !Err) {
+    F.Hazard = "not exercised";
+    F.Evidence.push_back("line " + Where + " never ran in the original program" +
+                         (P.OrigRun.RC != 0 || P.OrigRun.Signalled ? " (it stopped early)" : ""));
+    return;
+  }
+  StringRef C = F.Check;
+  if (C == "tensor-view-non-contiguous") {
+    if (Err) {
+      F.Hazard = "confirmed";
+      F.Evidence.push_back(formatv("{0} at {1} threw: \"{2}\"", Err->Op.empty() ? "view" : Err->Op, Where,
+                                   Err->Message).str());
+      return;
+    }
+    F.Hazard = "unconfirmed";
+    F.Evidence.push_back("view at " + Where + " ran without error");
+    return;
+  }
+  if (C == "tensor-reshape-non-contiguous") {
+    unsigned N = 0;
+    uint64_t Bytes = 0, Each = 0;
+    std::string Op;
+    for (const Event *E : At)
+      if (E->isCopy() && E->Implicit) {
+        ++N;
+        Bytes += E->Bytes;
+        Each = std::max<uint64_t>(Each, E->Bytes);
+        Op = E->Op;
+      }
+    F.Figures["implicit_copies"] = N;
+    F.Figures["implicit_copy_bytes"] = (int64_t)Bytes;
+    if (N) {
+      F.Hazard = "confirmed";
+      F.Evidence.push_back(formatv("{0} at {1} copied {2} implicitly, {3} time{4}", Op.empty() ? "reshape" : Op,
+                                   Where, mib(Each), N, N == 1 ? "" : "s").str());
+    } else {
+      F.Hazard = "unconfirmed";
+      F.Evidence.push_back("the reshape at " + Where + " ran as a view (no implicit copy)");
+    }
+    return;
+  }
+  if (C == "tensor-clone-in-loop") {
+    unsigned N = 0;
+    uint64_t Bytes = 0;
+    std::string Op;
+    for (const Event *E : At)
+      if (E->isCopy() || E->Kind == "alloc") {
+        if (E->Kind == "alloc" && any_of(At, [&](const Event *C2) { return C2->isCopy() && C2->Out == E->Out; }))
+          continue; // counted through its copy
+        ++N;
+        Bytes += E->Bytes;
+        if (Op.empty())
+          Op = E->Op;
+      }
+    F.Figures["allocations"] = N;
+    F.Figures["allocated_bytes"] = (int64_t)Bytes;
+    if (N > 1) {
+      F.Hazard = "confirmed";
+      F.Evidence.push_back(formatv("{0} at {1} allocated {2} times, {3} in all", Op.empty() ? "copy" : Op, Where,
+                                   N, mib(Bytes)).str());
+    } else {
+      F.Hazard = "unconfirmed";
+      F.Evidence.push_back(formatv("the copy at {0} ran {1} time{2}", Where, N, N == 1 ? "" : "s").str());
+    }
+    return;
+  }
+  // alias-then-mutate, inplace-on-detached and anything else that writes.
+  const Event *W = nullptr;
+  for (const Event *E : At)
+    if (E->Kind == "inplace" && (!W || E->Handles > W->Handles))
+      W = E;
+  if (!W) {
+    F.Hazard = "unconfirmed";
+    F.Evidence.push_back("no in-place write at " + Where + " in the trace");
+    return;
+  }
+  F.Figures["written_storage"] = W->Out;
+  std::string Holder = F.AliasName.empty() ? std::string("another handle") : "`" + F.AliasName + "`";
+  if (!F.AliasWhere.empty())
+    Holder += " (" + F.AliasWhere + ")";
+  if (W->Handles > 1 || W->Shared) {
+    F.Hazard = "confirmed";
+    std::string S = formatv("{0} at {1} wrote storage #{2} while {3} still held it", W->Op, Where, W->Out,
+                            Holder).str();
+    if (W->SumBefore && W->SumAfter && *W->SumBefore != *W->SumAfter)
+      S += formatv("; {0} changed from sum {1} to {2}", F.AliasName.empty() ? "its data" : "`" + F.AliasName + "`",
+                   num(*W->SumBefore), num(*W->SumAfter)).str();
+    F.Evidence.push_back(S);
+  } else {
+    F.Hazard = "unconfirmed";
+    F.Evidence.push_back(formatv("{0} at {1} wrote storage #{2}, which no other handle held", W->Op, Where, W->Out)
+                             .str());
+  }
+  // Autograd failures after the write (backward through a saved, overwritten tensor).
+  for (const Event &E : T.Events)
+    if (E.Kind == "error" && E.Index > W->Index && StringRef(E.Message).contains("modified by an inplace")) {
+      F.Hazard = "confirmed";
+      F.Evidence.push_back(formatv("{0} failed: a saved tensor was modified in place at {1}",
+                                   E.Op.empty() ? "backward()" : E.Op + "()", Where).str());
+      break;
+    }
+  if (F.Evidence.size() == 1 && !What.empty() && StringRef(What).contains("modified by an inplace")) {
+    F.Hazard = "confirmed";
+    F.Evidence.push_back("backward() failed: a saved tensor was modified in place at " + Where);
+  }
+}
+
+// What the fixed run says: hazard gone, everything else unchanged or explained.
+void Verifier::compare(Program &P, Finding &F) {
+  if (!F.HasFix) {
+    F.Fix = "none";
+    return;
+  }
+  if (!F.FixApplied) {
+    F.Fix = "not verified";
+    F.Evidence.push_back("the fix was not applied: " + F.FixConflict);
+    return;
+  }
+  if (!P.FixedBuilt) {
+    F.Fix = "does not compile";
+    F.Evidence.push_back("fixed program: " + firstError(P.FixedBuild));
+    return;
+  }
+  const RunResult &O = P.OrigRun, &X = P.FixedRun;
+  if (X.TimedOut) {
+    F.Fix = "timed out";
+    F.Evidence.push_back(formatv("the fixed program ran past {0} s", Timeout.getValue()).str());
+    return;
+  }
+  const Trace &TF = P.FixedTrace, &TO = P.OrigTrace;
+  std::string FWhere = baseName(F.File) + ":" + std::to_string(F.FixedLine);
+  bool OrigFailed = O.Signalled || O.RC != 0 || O.TimedOut;
+  if (X.Signalled || X.RC != 0) {
+    // A fixed program that fails the same way the original did proves nothing about this fix.
+    std::string Why = X.Signalled ? X.Signal : "exit code " + std::to_string(X.RC);
+    std::string W = uncaughtWhat(X.Stderr);
+    F.Fix = "crashed";
+    F.Evidence.push_back("the fixed program failed (" + Why + ")" + (W.empty() ? "" : ": \"" + W + "\""));
+    return;
+  }
+  if (F.Hazard == "not exercised") {
+    F.Fix = "not exercised";
+    return;
+  }
+  std::set<unsigned> Lines = F.FixedLines;
+  Lines.insert(F.FixedLine);
+  auto AtFix = [&](auto Pred) {
+    std::vector<const Event *> R;
+    for (unsigned L : Lines)
+      for (const Event *E : TF.at(F.File, L))
+        if (Pred(*E))
+          R.push_back(E);
+    return R;
+  };
+  StringRef C = F.Check;
+  std::vector<std::string> Gone;
+  if (C == "tensor-view-non-contiguous") {
+    if (TF.errorAt(F.File, F.FixedLine)) {
+      F.Fix = "not verified";
+      F.Evidence.push_back("the fixed program still fails at " + FWhere);
+      return;
+    }
+    Gone.push_back("no error at " + FWhere + " any more");
+    auto Copies = AtFix([](const Event &E) { return E.isCopy(); });
+    if (!Copies.empty()) {
+      uint64_t B = 0;
+      for (auto *E : Copies)
+        B += E->Bytes;
+      Gone.back() += formatv(" (it copies {0} instead, {1} time{2})", mib(B / Copies.size()), Copies.size(),
+                             Copies.size() == 1 ? "" : "s").str();
+    }
+  } else if (C == "tensor-reshape-non-contiguous") {
+    auto Implicit = AtFix([](const Event &E) { return E.isCopy() && E.Implicit; });
+    auto Explicit = AtFix([](const Event &E) { return E.isCopy() && !E.Implicit; });
+    if (!Implicit.empty()) {
+      F.Fix = "not verified";
+      F.Evidence.push_back(formatv("{0} implicit copies remain at {1}", Implicit.size(), FWhere).str());
+      return;
+    }
+    int64_t Before = F.Figures.getInteger("implicit_copies").value_or(0);
+    Gone.push_back(formatv("implicit copies {0} -> 0; the copy is explicit now ({1} explicit)", Before,
+                           Explicit.size()).str());
+    F.Figures["explicit_copies_after"] = (int64_t)Explicit.size();
+  } else if (C == "tensor-clone-in-loop") {
+    auto After = AtFix([](const Event &E) { return E.isCopy() || E.Kind == "alloc"; });
+    size_t N = 0;
+    for (auto *E : After)
+      if (!(E->Kind == "alloc" && any_of(After, [&](const Event *C2) { return C2->isCopy() && C2->Out == E->Out; })))
+        ++N;
+    int64_t Before = F.Figures.getInteger("allocations").value_or(0);
+    F.Figures["allocations_after"] = (int64_t)N;
+    if ((int64_t)N >= Before && Before > 1) {
+      F.Fix = "not verified";
+      F.Evidence.push_back(formatv("allocations {0} -> {1}: no fewer", Before, N).str());
+      return;
+    }
+    std::string S = formatv("allocations {0} -> {1}", Before, N).str();
+    if (TO.PeakBytes && TF.PeakBytes) {
+      int64_t D = (int64_t)TF.PeakBytes - (int64_t)TO.PeakBytes;
+      F.Figures["peak_bytes_before"] = (int64_t)TO.PeakBytes;
+      F.Figures["peak_bytes_after"] = (int64_t)TF.PeakBytes;
+      if (D != 0)
+        S += ", peak memory " + std::string(D < 0 ? "-" : "+") + mib(std::abs((double)D));
+    }
+    Gone.push_back(S);
+  } else {
+    // Writes: the in-place write through a shared storage is gone.
+    auto Shared = AtFix([](const Event &E) { return E.Kind == "inplace" && (E.Handles > 1 || E.Shared); });
+    if (!Shared.empty()) {
+      F.Fix = "not verified";
+      F.Evidence.push_back(formatv("{0} at {1} still writes a storage other handles hold", Shared.front()->Op,
+                                   FWhere).str());
+      return;
+    }
+    bool BackwardFailedBefore =
+        any_of(TO.Events, [](const Event &E) { return E.Kind == "error"; }) || OrigFailed;
+    Gone.push_back("no shared storage is written at " + FWhere + " any more" +
+                   (BackwardFailedBefore ? "; the program now runs to completion" : ""));
+  }
+
+  // Everything the fix should not change. Values at trace points both runs share are compared;
+  // differences downstream of the hazard's write are explained by the original trace's data flow.
+  std::set<size_t> Tainted;
+  if (auto S = F.Figures.getInteger("written_storage"))
+    Tainted = TO.downstreamOf(*S, F.File, F.Line);
+  std::vector<std::string> Unexplained, Explained;
+  unsigned Compared = 0;
+  for (const auto &Pair : TO.pairWith(TF, [&](StringRef File, unsigned L) -> unsigned {
+         auto R = P.Reps.find(File.str());
+         if (R == P.Reps.end())
+           return L;
+         static std::map<std::string, std::vector<unsigned>> Cache;
+         auto &M = Cache[File.str() + "#" + std::to_string((uintptr_t)&P)];
+         if (M.empty())
+           M = mapLines(P.Original[File.str()], P.Fixed[File.str()], R->second);
+         return L < M.size() ? M[L] : L;
+       })) {
+    const Event *A = Pair.first, *B = Pair.second;
+    if (!A->Sum || !B->Sum)
+      continue;
+    ++Compared;
+    double Tol = 1e-5 * std::max(1.0, std::abs(*A->Sum));
+    if (std::abs(*A->Sum - *B->Sum) <= Tol)
+      continue;
+    std::string D = formatv("{0} at {1}:{2} (sum {3} -> {4})", A->Op, baseName(A->File), A->Line, num(*A->Sum),
+                            num(*B->Sum)).str();
+    if (Tainted.count(A->Index))
+      Explained.push_back(D);
+    else
+      Unexplained.push_back(D);
+  }
+  F.Figures["values_compared"] = (int64_t)Compared;
+  F.Figures["values_differing_explained"] = (int64_t)Explained.size();
+  bool OutputDiffers = O.Stdout != X.Stdout;
+  if (!Unexplained.empty() || (OutputDiffers && Explained.empty() && !OrigFailed)) {
+    F.Fix = "changed behaviour";
+    for (auto &G : Gone)
+      F.Evidence.push_back(G);
+    for (size_t I = 0; I < Unexplained.size() && I < 3; ++I)
+      F.Evidence.push_back("differs, not downstream of the hazard: " + Unexplained[I]);
+    if (OutputDiffers) {
+      auto First = [](StringRef S) { return S.trim().split('\n').first.str(); };
+      size_t Pos = 0;
+      while (Pos < O.Stdout.size() && Pos < X.Stdout.size() && O.Stdout[Pos] == X.Stdout[Pos])
+        ++Pos;
+      size_t LineStart = StringRef(O.Stdout).substr(0, Pos).rfind('\n');
+      LineStart = LineStart == StringRef::npos ? 0 : LineStart + 1;
+      F.Evidence.push_back("program output differs: \"" + First(StringRef(O.Stdout).substr(LineStart)) +
+                           "\" became \"" + First(StringRef(X.Stdout).substr(LineStart)) + "\"");
+    }
+    return;
+  }
+  F.Fix = "verified";
+  for (auto &G : Gone)
+    F.Evidence.push_back(G);
+  std::string Same = OrigFailed ? "the original failed; the fixed program exits 0"
+                                : (OutputDiffers ? "program output differs only downstream of the write"
+                                                 : "program output unchanged");
+  Same += formatv(", {0} of {1} values at shared trace points unchanged", Compared - Explained.size(), Compared)
+              .str();
+  if (!Explained.empty())
+    Same += formatv("; {0} differ downstream of the write at {1}:{2}, e.g. {3}", Explained.size(),
+                    baseName(F.File), F.Line, Explained.front()).str();
+  F.Evidence.push_back(Same);
+}
+
+} // namespace
+
+// -------------------------------------------------------------- the driver --
+
+int run(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB, ArrayRef<std::string> Files,
+        const char *Argv0, std::string &Report) {
+  Verifier V;
+  V.RT = findRuntime(Argv0);
+  V.Compiler = findCompiler();
+  raw_string_ostream OS(Report);
+  if (V.RT.LibDir.empty() || V.RT.Include.empty()) {
+    OS << "tensor-tidy: error: --verify cannot find the runtime (libtt_runtime.so and tt/tt.h) next to "
+       << Argv0 << "\n";
+    return 2;
+  }
+  if (Format != "text" && Format != "json") {
+    OS << "tensor-tidy: error: --verify-format must be 'text' or 'json'\n";
+    return 2;
+  }
+  SmallString<128> Tmp;
+  if (!KeepDir.empty()) {
+    sys::fs::create_directories(KeepDir);
+    Tmp = absolute(KeepDir, "");
+  } else if (auto EC = sys::fs::createUniqueDirectory("tensor-tidy-verify", Tmp)) {
+    OS << "tensor-tidy: error: cannot create a scratch directory: " << EC.message() << "\n";
+    return 2;
+  }
+  V.Scratch = std::string(Tmp);
+  if (StdinFile == "-") {
+    V.StdinPath = V.Scratch + "/stdin";
+    auto In = MemoryBuffer::getSTDIN();
+    writeFile(V.StdinPath, In ? (*In)->getBuffer() : "");
+  } else if (!StdinFile.empty()) {
+    V.StdinPath = absolute(StdinFile, "");
+    if (!sys::fs::exists(V.StdinPath)) {
+      OS << "tensor-tidy: error: --verify-stdin: no such file '" << StdinFile << "'\n";
+      return 2;
+    }
+  }
+
+  // Programs: one per input TU.
+  std::set<std::string> TUs;
+  for (const std::string &F : Files) {
+    auto P = std::make_unique<Program>();
+    P->Flags = flagsFor(DB, F, P->Dir);
+    P->File = absolute(F, "");
+    TUs.insert(P->File);
+    V.Programs.push_back(std::move(P));
+  }
+  // Findings, with their lines and fixes; a finding in a header belongs to every program.
+  std::map<std::string, std::string> Text;
+  for (const ClangTidyError &E : Errors) {
+    if (StringRef(E.DiagnosticName).starts_with("clang-diagnostic") || E.Message.FilePath.empty())
+      continue;
+    auto F = std::make_unique<Finding>();
+    F->E = &E;
+    F->File = absolute(E.Message.FilePath, E.BuildDirectory);
+    if (!Text.count(F->File))
+      Text[F->File] = readFile(F->File);
+    Lines L(Text[F->File]);
+    F->Line = L.lineOf(E.Message.FileOffset);
+    F->Col = E.Message.FileOffset - L.Starts[F->Line - 1] + 1;
+    F->Check = E.DiagnosticName;
+    F->Message = E.Message.Message;
+    F->AliasName = quotedName(E.Message.Message);
+    for (const auto &N : E.Notes) {
+      if (F->AliasName.empty())
+        F->AliasName = quotedName(N.Message);
+      if (F->AliasWhere.empty() && !N.FilePath.empty()) {
+        std::string NF = absolute(N.FilePath, E.BuildDirectory);
+        if (!Text.count(NF))
+          Text[NF] = readFile(NF);
+        F->AliasWhere = baseName(NF) + ":" + std::to_string(Lines(Text[NF]).lineOf(N.FileOffset));
+      }
+    }
+    const llvm::StringMap<Replacements> *Fix = clang::tooling::selectFirstFix(E);
+    F->HasFix = Fix && !Fix->empty();
+    for (auto &P : V.Programs) {
+      if (F->File != P->File && TUs.count(F->File))
+        continue;
+      P->Findings.push_back(F.get());
+      if (!F->HasFix)
+        continue;
+      // All of a finding's replacements go in, or none.
+      std::map<std::string, Replacements> Tentative = P->Reps;
+      bool OK = true;
+      for (const auto &[Path, Reps] : *Fix)
+        for (const Replacement &R : Reps) {
+          std::string Abs = absolute(R.getFilePath(), E.BuildDirectory);
+          Replacement RA(Abs, R.getOffset(), R.getLength(), R.getReplacementText());
+          if (auto Err = Tentative[Abs].add(RA)) {
+            F->FixConflict = toString(std::move(Err));
+            OK = false;
+          }
+        }
+      if (OK) {
+        P->Reps = std::move(Tentative);
+        F->FixApplied = true;
+      }
+    }
+    V.Findings.push_back(std::move(F));
+  }
+
+  for (auto &PP : V.Programs) {
+    Program &P = *PP;
+    for (auto &[Path, Reps] : P.Reps) {
+      if (!Text.count(Path))
+        Text[Path] = readFile(Path);
+      P.Original[Path] = Text[Path];
+      auto Fixed = clang::tooling::applyAllReplacements(Text[Path], Reps);
+      if (!Fixed) {
+        P.Status = "cannot apply the fixes to " + Path + ": " + toString(Fixed.takeError());
+        continue;
+      }
+      P.Fixed[Path] = *Fixed;
+    }
+    for (Finding *F : P.Findings) {
+      F->FixedLine = F->Line;
+      auto R = P.Reps.find(F->File);
+      if (R == P.Reps.end() || !P.Fixed.count(F->File))
+        continue;
+      auto M = mapLines(P.Original[F->File], P.Fixed[F->File], R->second);
+      F->FixedLine = F->Line < M.size() ? M[F->Line] : F->Line;
+      if (!F->FixApplied)
+        continue;
+      Lines LF(P.Fixed[F->File]);
+      const auto *Fix = clang::tooling::selectFirstFix(*F->E);
+      for (const auto &[Path, Reps] : *Fix)
+        for (const Replacement &Rep : Reps) {
+          if (absolute(Rep.getFilePath(), F->E->BuildDirectory) != F->File)
+            continue;
+          unsigned B = R->second.getShiftedCodePosition(Rep.getOffset());
+          unsigned E = B + Rep.getReplacementText().size();
+          for (unsigned L = LF.lineOf(B); L <= LF.lineOf(E ? E - 1 : E); ++L)
+            F->FixedLines.insert(L);
+        }
+    }
+  }
+
+  // Build and run. Programs without findings are skipped: nothing to prove.
+  for (auto &PP : V.Programs) {
+    Program &P = *PP;
+    if (P.Findings.empty() || !P.Status.empty())
+      continue;
+    std::string Exe;
+    P.OrigBuilt = V.build(P, false, P.OrigBuild, Exe);
+    if (!P.OrigBuilt) {
+      P.Status = StringRef(P.OrigBuild).contains("undefined reference to `main'")
+                     ? "not a program: it defines no main() (--verify runs TUs that define main)"
+                     : "the original does not build: " + firstError(P.OrigBuild);
+      continue;
+    }
+    V.runProgram(P, false, Exe);
+    if (P.OrigRun.TimedOut) {
+      P.Status = formatv("the original program timed out after {0} s", Timeout.getValue()).str();
+      continue;
+    }
+    if (!P.OrigRun.Started) {
+      P.Status = "the original program could not be started: " + P.OrigRun.Stderr;
+      continue;
+    }
+    if (!P.OrigTrace.Loaded) {
+      P.Status = "the original program wrote no trace (is the runtime built with TT_TRACE=ON?)";
+      continue;
+    }
+    bool AnyFix = any_of(P.Findings, [](Finding *F) { return F->FixApplied; });
+    if (AnyFix) {
+      P.FixedBuilt = V.build(P, true, P.FixedBuild, Exe);
+      if (P.FixedBuilt)
+        V.runProgram(P, true, Exe);
+    }
+  }
+
+  // Verdicts.
+  int RC = 0;
+  for (auto &PP : V.Programs) {
+    Program &P = *PP;
+    for (Finding *F : P.Findings) {
+      if (!P.Status.empty()) {
+        F->Hazard = "not verified";
+        F->Fix = "not verified";
+        F->Evidence.push_back(P.Status);
+        continue;
+      }
+      V.judge(P, *F);
+      if (P.OrigRun.Signalled || P.OrigRun.RC != 0) {
+        std::string W = uncaughtWhat(P.OrigRun.Stderr);
+        if (F->Hazard != "confirmed")
+          F->Evidence.push_back("the original program failed (" +
+                                (P.OrigRun.Signalled ? P.OrigRun.Signal : "exit code " + std::to_string(P.OrigRun.RC)) +
+                                ")" + (W.empty() ? "" : ": \"" + W + "\""));
+      }
+      V.compare(P, *F);
+    }
+  }
+  for (auto &F : V.Findings)
+    if (F->failed() || F->Hazard == "not verified")
+      RC = 4;
+
+  // Report.
+  auto Rel = [](StringRef Path) {
+    SmallString<256> Cwd;
+    sys::fs::current_path(Cwd);
+    StringRef P(Path);
+    if (P.consume_front(Cwd) && P.consume_front("/"))
+      return P.str();
+    return Path.str();
+  };
+  if (Format == "json") {
+    json::Array Arr;
+    for (auto &PP : V.Programs)
+      for (Finding *F : PP->Findings)
+        Arr.push_back(json::Object{{"program", Rel(PP->File)},
+                                   {"file", Rel(F->File)},
+                                   {"line", F->Line},
+                                   {"column", F->Col},
+                                   {"check", F->Check},
+                                   {"message", F->Message},
+                                   {"hazard", F->Hazard},
+                                   {"fix", F->Fix},
+                                   {"evidence", json::Array(F->Evidence)},
+                                   {"figures", json::Object(F->Figures)}});
+    OS << formatv("{0:2}", json::Value(json::Object{{"verify", std::move(Arr)}, {"exit_code", RC}})) << "\n";
+  } else {
+    unsigned Conf = 0, Ver = 0, NotEx = 0, Failed = 0, Total = 0;
+    for (auto &PP : V.Programs) {
+      if (PP->Findings.empty())
+        continue;
+      OS << "== " << Rel(PP->File) << "\n";
+      for (Finding *F : PP->Findings) {
+        ++Total;
+        Conf += F->Hazard == "confirmed";
+        Ver += F->Fix == "verified";
+        NotEx += F->Hazard == "not exercised";
+        Failed += F->failed();
+        OS << Rel(F->File) << ":" << F->Line << ":" << F->Col << ": [" << F->Check << "] " << F->Message << "\n";
+        OS << "  hazard " << F->Hazard;
+        OS << "; fix " << (F->Fix == "none" ? "none offered" : F->Fix) << "\n";
+        for (const auto &E : F->Evidence)
+          OS << "    - " << E << "\n";
+      }
+    }
+    OS << formatv("verify: {0} finding{1}: {2} hazard{3} confirmed, {4} fix{5} verified, {6} not exercised, {7} "
+                  "failed verification\n",
+                  Total, Total == 1 ? "" : "s", Conf, Conf == 1 ? "" : "s", Ver, Ver == 1 ? "" : "es", NotEx, Failed);
+  }
+  if (KeepDir.empty())
+    sys::fs::remove_directories(V.Scratch);
+  if (!OutputFile.empty()) {
+    if (!writeFile(OutputFile, Report)) {
+      Report = "tensor-tidy: error: cannot write '" + OutputFile + "'\n";
+      return 2;
+    }
+    Report.clear();
+  }
+  return RC;
+}
+
+} // namespace tensor_tidy::verify
