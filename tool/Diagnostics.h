@@ -1,0 +1,39 @@
+// The result of analysing one translation unit, and its JSON form: what a
+// worker process hands back and what the cache stores.
+#ifndef TENSOR_TIDY_TOOL_DIAGNOSTICS_H
+#define TENSOR_TIDY_TOOL_DIAGNOSTICS_H
+
+#include "ClangTidyDiagnosticConsumer.h"
+#include "llvm/Support/JSON.h"
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tensor_tidy {
+
+struct TUResult {
+  std::string File;
+  /// The compiler gave up on the TU (or a file could not be read); the
+  /// diagnostics hold what was found before that.
+  bool Failed = false;
+  /// Set by the driver, never cached: the worker died (signal or exit code).
+  std::string Crash;
+  /// Every file the TU read, with a hash of the contents it saw.
+  std::vector<std::pair<std::string, uint64_t>> Deps;
+  std::vector<clang::tidy::ClangTidyError> Errors;
+  bool FromCache = false;
+};
+
+llvm::json::Value toJSON(const TUResult &R);
+bool fromJSON(const llvm::json::Value &V, TUResult &R);
+
+uint64_t hashContents(llvm::StringRef Data);
+
+/// A compiler diagnostic (clang-diagnostic-*) at error level: the TU did not
+/// parse.
+bool isCompilerError(const clang::tidy::ClangTidyError &E);
+
+} // namespace tensor_tidy
+
+#endif

@@ -1,0 +1,282 @@
+#include "Report.h"
+
+#include "Docs.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/xxhash.h"
+
+#ifndef TT_VERSION
+#define TT_VERSION "0"
+#endif
+
+using namespace clang;
+using namespace clang::tidy;
+namespace json = llvm::json;
+
+namespace tensor_tidy {
+
+const char *levelName(const ClangTidyError &E) {
+  if (E.IsWarningAsError || E.DiagLevel == ClangTidyError::Error)
+    return "error";
+  if (E.DiagLevel == ClangTidyError::Warning)
+    return "warning";
+  return "note";
+}
+
+namespace {
+
+struct Position {
+  unsigned Line = 0, Column = 0; // 1-based; 0 when unknown
+  std::string LineText;
+};
+
+/// Offsets to lines and columns (in code points, as SARIF's
+/// "unicodeCodePoints" column kind has it), reading each file once.
+class SourceIndex {
+public:
+  Position at(llvm::StringRef File, unsigned Offset) {
+    auto &Buf = Files[File];
+    if (!Buf) {
+      auto B = llvm::MemoryBuffer::getFile(File, /*IsText=*/true);
+      Buf = B ? std::move(*B) : llvm::MemoryBuffer::getMemBuffer("");
+    }
+    llvm::StringRef Text = Buf->getBuffer();
+    Position P;
+    if (File.empty() || Offset > Text.size())
+      return P;
+    size_t LineStart = Text.rfind('\n', Offset == 0 ? 0 : Offset - 1);
+    LineStart = (LineStart == llvm::StringRef::npos || Offset == 0) ? 0 : LineStart + 1;
+    P.Line = 1 + Text.take_front(LineStart).count('\n');
+    P.Column = 1;
+    for (char C : Text.slice(LineStart, Offset))
+      if ((static_cast<unsigned char>(C) & 0xC0) != 0x80)
+        ++P.Column;
+    P.LineText = Text.slice(LineStart, Text.find('\n', LineStart)).rtrim("\r").str();
+    return P;
+  }
+
+private:
+  llvm::StringMap<std::unique_ptr<llvm::MemoryBuffer>> Files;
+};
+
+std::string currentDir() {
+  llvm::SmallString<256> Cwd;
+  llvm::sys::fs::current_path(Cwd);
+  return std::string(Cwd);
+}
+
+std::string percentEncode(llvm::StringRef Path) {
+  std::string Out;
+  for (unsigned char C : Path) {
+    if (llvm::isAlnum(C) || llvm::StringRef("-._~/").contains(C))
+      Out += C;
+    else
+      Out += "%" + llvm::utohexstr(C, /*LowerCase=*/false, /*Width=*/2);
+  }
+  return Out;
+}
+
+/// SARIF artifact location: relative to %SRCROOT% (the working directory)
+/// when the file is below it, which is what GitHub code scanning expects from
+/// a run in the checkout; an absolute file URI otherwise.
+json::Object artifactLocation(llvm::StringRef File, llvm::StringRef Root) {
+  llvm::StringRef Rel = File;
+  if (Rel.consume_front(Root) && Rel.consume_front("/"))
+    return json::Object{{"uri", percentEncode(Rel)}, {"uriBaseId", "%SRCROOT%"}};
+  return json::Object{{"uri", "file://" + percentEncode(File)}};
+}
+
+json::Object region(SourceIndex &Index, llvm::StringRef File, unsigned Offset,
+                    unsigned Length) {
+  Position B = Index.at(File, Offset), E = Index.at(File, Offset + Length);
+  json::Object R{{"startLine", std::max(B.Line, 1u)}, {"startColumn", std::max(B.Column, 1u)}};
+  if (E.Line) {
+    R["endLine"] = E.Line;
+    R["endColumn"] = E.Column;
+  }
+  return R;
+}
+
+json::Object physicalLocation(SourceIndex &Index, const tooling::DiagnosticMessage &M,
+                              llvm::StringRef Root) {
+  unsigned Length = M.Ranges.empty() || M.Ranges.front().FileOffset != M.FileOffset
+                        ? 0
+                        : M.Ranges.front().Length;
+  return json::Object{{"artifactLocation", artifactLocation(M.FilePath, Root)},
+                      {"region", region(Index, M.FilePath, M.FileOffset, Length)}};
+}
+
+json::Array sarifFixes(SourceIndex &Index, const ClangTidyError &E, llvm::StringRef Root) {
+  json::Array Fixes;
+  const llvm::StringMap<tooling::Replacements> *Chosen = tooling::selectFirstFix(E);
+  if (!Chosen)
+    return Fixes;
+  json::Array Changes;
+  for (const auto &FileAndRepls : *Chosen) {
+    json::Array Repls;
+    for (const tooling::Replacement &R : FileAndRepls.second)
+      Repls.push_back(json::Object{
+          {"deletedRegion", region(Index, R.getFilePath(), R.getOffset(), R.getLength())},
+          {"insertedContent", json::Object{{"text", R.getReplacementText()}}}});
+    if (!Repls.empty())
+      Changes.push_back(json::Object{{"artifactLocation", artifactLocation(FileAndRepls.first(), Root)},
+                                     {"replacements", std::move(Repls)}});
+  }
+  if (!Changes.empty())
+    Fixes.push_back(json::Object{{"description", json::Object{{"text", E.Message.Message}}},
+                                 {"artifactChanges", std::move(Changes)}});
+  return Fixes;
+}
+
+} // namespace
+
+void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
+  std::string Root = currentDir();
+  SourceIndex Index;
+
+  // Rules: every enabled check, then any other name a result carries.
+  std::vector<std::string> RuleIds = Rep.EnabledChecks;
+  for (const auto &E : Rep.Errors)
+    if (!llvm::is_contained(RuleIds, E.DiagnosticName))
+      RuleIds.push_back(E.DiagnosticName);
+  llvm::StringMap<unsigned> RuleIndex;
+  json::Array Rules;
+  for (const std::string &Id : RuleIds) {
+    RuleIndex[Id] = Rules.size();
+    CheckDoc Doc = findCheckDoc(Id);
+    std::string Short = Doc.Short.empty() ? Id : Doc.Short;
+    std::string Full = Doc.Full.empty() ? Short : Doc.Full;
+    json::Object Rule{{"id", Id},
+                      {"name", Id},
+                      {"shortDescription", json::Object{{"text", Short}}},
+                      {"fullDescription", json::Object{{"text", Full}}},
+                      {"defaultConfiguration",
+                       json::Object{{"level", Rep.ErrorChecks.count(Id) ? "error" : "warning"}}}};
+    if (!Doc.HelpUri.empty())
+      Rule["helpUri"] = Doc.HelpUri;
+    if (!Doc.Markdown.empty())
+      Rule["help"] = json::Object{{"text", Full}, {"markdown", Doc.Markdown}};
+    Rules.push_back(std::move(Rule));
+  }
+
+  json::Array Results;
+  // Fingerprints ignore line numbers (edits above a finding keep it) and count
+  // repeats of the same finding on equal lines in one file.
+  llvm::StringMap<unsigned> Seen;
+  for (const ClangTidyError &E : Rep.Errors) {
+    Position P = Index.at(E.Message.FilePath, E.Message.FileOffset);
+    json::Object Result{{"ruleId", E.DiagnosticName},
+                        {"ruleIndex", RuleIndex[E.DiagnosticName]},
+                        {"level", levelName(E)},
+                        {"message", json::Object{{"text", E.Message.Message}}}};
+    if (!E.Message.FilePath.empty()) {
+      Result["locations"] =
+          json::Array{json::Object{{"physicalLocation", physicalLocation(Index, E.Message, Root)}}};
+      json::Object Artifact = artifactLocation(E.Message.FilePath, Root);
+      std::string Basis = E.DiagnosticName + '\0' + Artifact.getString("uri")->str() + '\0' +
+                          E.Message.Message + '\0' + llvm::StringRef(P.LineText).trim().str();
+      std::string Hash = llvm::utohexstr(llvm::xxh3_64bits(Basis), false, 16);
+      unsigned N = ++Seen[Hash];
+      Result["partialFingerprints"] =
+          json::Object{{"tensorTidyFindingHash/v1", Hash + ":" + std::to_string(N)}};
+    }
+    json::Array Related;
+    for (const auto &Note : E.Notes) {
+      if (Note.FilePath.empty())
+        continue;
+      Related.push_back(json::Object{{"id", static_cast<int64_t>(Related.size())},
+                                     {"physicalLocation", physicalLocation(Index, Note, Root)},
+                                     {"message", json::Object{{"text", Note.Message}}}});
+    }
+    if (!Related.empty())
+      Result["relatedLocations"] = std::move(Related);
+    json::Array Fixes = sarifFixes(Index, E, Root);
+    if (!Fixes.empty())
+      Result["fixes"] = std::move(Fixes);
+    Results.push_back(std::move(Result));
+  }
+
+  json::Array Notifications;
+  for (const auto &[File, Why] : Rep.Failures)
+    Notifications.push_back(json::Object{
+        {"level", "error"},
+        {"message", json::Object{{"text", Why}}},
+        {"locations", json::Array{json::Object{
+                          {"physicalLocation",
+                           json::Object{{"artifactLocation", artifactLocation(File, Root)}}}}}}});
+
+  json::Object Run{
+      {"tool", json::Object{{"driver", json::Object{{"name", "tensor-tidy"},
+                                                    {"version", TT_VERSION},
+                                                    {"semanticVersion", TT_VERSION},
+                                                    {"rules", std::move(Rules)}}}}},
+      {"originalUriBaseIds",
+       json::Object{{"%SRCROOT%", json::Object{{"uri", "file://" + percentEncode(Root) + "/"}}}}},
+      {"columnKind", "unicodeCodePoints"},
+      {"invocations", json::Array{json::Object{
+                          {"executionSuccessful", Rep.Failures.empty()},
+                          {"toolExecutionNotifications", std::move(Notifications)}}}},
+      {"results", std::move(Results)}};
+  json::Value Log = json::Object{
+      {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
+      {"version", "2.1.0"},
+      {"runs", json::Array{std::move(Run)}}};
+  OS << llvm::formatv("{0:2}", Log) << "\n";
+}
+
+void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
+  SourceIndex Index;
+  auto Located = [&](const tooling::DiagnosticMessage &M) {
+    Position P = Index.at(M.FilePath, M.FileOffset);
+    return json::Object{{"message", M.Message},
+                        {"file", M.FilePath},
+                        {"line", P.Line},
+                        {"column", P.Column},
+                        {"offset", M.FileOffset}};
+  };
+  json::Array Diags;
+  unsigned Warnings = 0, Errors = 0;
+  for (const ClangTidyError &E : Rep.Errors) {
+    json::Object D = Located(E.Message);
+    D["check"] = E.DiagnosticName;
+    D["level"] = levelName(E);
+    (llvm::StringRef(levelName(E)) == "error" ? Errors : Warnings)++;
+    json::Array Notes, Fixes;
+    for (const auto &N : E.Notes)
+      Notes.push_back(Located(N));
+    if (const auto *Chosen = tooling::selectFirstFix(E))
+      for (const auto &FileAndRepls : *Chosen)
+        for (const tooling::Replacement &R : FileAndRepls.second) {
+          Position P = Index.at(R.getFilePath(), R.getOffset());
+          Fixes.push_back(json::Object{{"file", R.getFilePath()},
+                                       {"offset", R.getOffset()},
+                                       {"length", R.getLength()},
+                                       {"line", P.Line},
+                                       {"column", P.Column},
+                                       {"replacement", R.getReplacementText()}});
+        }
+    D["notes"] = std::move(Notes);
+    D["fixes"] = std::move(Fixes);
+    Diags.push_back(std::move(D));
+  }
+  json::Array Failures;
+  for (const auto &[File, Why] : Rep.Failures)
+    Failures.push_back(json::Object{{"file", File}, {"reason", Why}});
+  json::Value Out = json::Object{
+      {"tool", "tensor-tidy"},
+      {"version", TT_VERSION},
+      {"diagnostics", std::move(Diags)},
+      {"failures", std::move(Failures)},
+      {"summary", json::Object{{"files", Rep.Files},
+                               {"cached", Rep.Cached},
+                               {"warnings", Warnings},
+                               {"errors", Errors}}}};
+  OS << llvm::formatv("{0:2}", Out) << "\n";
+}
+
+} // namespace tensor_tidy

@@ -1,0 +1,108 @@
+#include "Scheduler.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <map>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace tensor_tidy {
+
+static std::string describeExit(int Status) {
+  if (WIFSIGNALED(Status))
+    return std::string("crashed (") + strsignal(WTERMSIG(Status)) + ")";
+  return "crashed (exit status " + std::to_string(WEXITSTATUS(Status)) + ")";
+}
+
+std::string runInWorkers(unsigned Jobs, const std::vector<size_t> &Pending,
+                         llvm::function_ref<TUResult(size_t)> Work,
+                         llvm::function_ref<void(size_t, TUResult)> Done) {
+  if (Pending.empty())
+    return "";
+  llvm::SmallString<128> TmpDir;
+  if (std::error_code EC = llvm::sys::fs::createUniqueDirectory("tensor-tidy", TmpDir))
+    return "cannot create a temporary directory: " + EC.message();
+  auto PathFor = [&](size_t Job, llvm::StringRef Ext) {
+    llvm::SmallString<128> P(TmpDir);
+    llvm::sys::path::append(P, std::to_string(Job) + Ext);
+    return std::string(P);
+  };
+
+  std::map<pid_t, size_t> Running;
+  size_t Next = 0;
+  std::string Error;
+  while (Next < Pending.size() || !Running.empty()) {
+    while (Next < Pending.size() && Running.size() < std::max(Jobs, 1u)) {
+      size_t Job = Pending[Next++];
+      llvm::outs().flush();
+      llvm::errs().flush();
+      pid_t Pid = fork();
+      if (Pid == 0) {
+        // The worker: its output goes to a log so that nothing interleaves.
+        int Log = open(PathFor(Job, ".log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (Log >= 0) {
+          dup2(Log, 1);
+          dup2(Log, 2);
+          close(Log);
+        }
+        TUResult R = Work(Job);
+        std::error_code EC;
+        llvm::raw_fd_ostream OS(PathFor(Job, ".json"), EC);
+        if (EC)
+          _exit(120);
+        OS << toJSON(R);
+        OS.close();
+        _exit(OS.has_error() ? 121 : 0);
+      }
+      if (Pid < 0) {
+        TUResult R;
+        R.Crash = std::string("could not start a worker: ") + strerror(errno);
+        Done(Job, std::move(R));
+        continue;
+      }
+      Running[Pid] = Job;
+    }
+    if (Running.empty())
+      continue;
+    int Status = 0;
+    pid_t Pid = waitpid(-1, &Status, 0);
+    if (Pid < 0) {
+      if (errno == EINTR)
+        continue;
+      Error = std::string("waiting for workers failed: ") + strerror(errno);
+      break;
+    }
+    auto It = Running.find(Pid);
+    if (It == Running.end())
+      continue;
+    size_t Job = It->second;
+    Running.erase(It);
+    TUResult R;
+    bool Parsed = false;
+    if (WIFEXITED(Status) && WEXITSTATUS(Status) == 0)
+      if (auto Buf = llvm::MemoryBuffer::getFile(PathFor(Job, ".json"))) {
+        llvm::Expected<llvm::json::Value> V = llvm::json::parse((*Buf)->getBuffer());
+        if (V)
+          Parsed = fromJSON(*V, R);
+        else
+          llvm::consumeError(V.takeError());
+      }
+    if (!Parsed) {
+      R = TUResult();
+      R.Crash = describeExit(Status);
+    }
+    llvm::sys::fs::remove(PathFor(Job, ".json"));
+    llvm::sys::fs::remove(PathFor(Job, ".log"));
+    Done(Job, std::move(R));
+  }
+  llvm::sys::fs::remove(TmpDir);
+  return Error;
+}
+
+} // namespace tensor_tidy

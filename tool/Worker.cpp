@@ -1,0 +1,159 @@
+#include "Worker.h"
+
+#include "ClangTidy.h"
+#include "ClangTidyModule.h"
+#include "clang/Basic/SourceManager.h"
+#include "clang/Frontend/CompilerInstance.h"
+#include "clang/Frontend/FrontendActions.h"
+#include "clang/Lex/PreprocessorOptions.h"
+#include "clang/Tooling/ArgumentsAdjusters.h"
+#include "clang/Tooling/Tooling.h"
+
+using namespace clang;
+using namespace clang::tidy;
+using namespace clang::tooling;
+
+namespace tensor_tidy {
+namespace {
+
+/// The compile commands of the one file this worker analyses.
+class OneFileDatabase : public CompilationDatabase {
+public:
+  explicit OneFileDatabase(std::vector<CompileCommand> Commands)
+      : Commands(std::move(Commands)) {}
+  std::vector<CompileCommand> getCompileCommands(StringRef) const override {
+    return Commands;
+  }
+
+private:
+  std::vector<CompileCommand> Commands;
+};
+
+/// clang-tidy's ActionFactory (ClangTidy.cpp, runClangTidy), plus a look at
+/// the source manager at the end of each TU for the cache's dependency list.
+class ActionFactory : public FrontendActionFactory {
+public:
+  ActionFactory(ClangTidyContext &Context, TUResult &Result)
+      : ConsumerFactory(Context), Result(Result) {}
+  std::unique_ptr<FrontendAction> create() override {
+    return std::make_unique<Action>(&ConsumerFactory, Result);
+  }
+  bool runInvocation(std::shared_ptr<CompilerInvocation> Invocation, FileManager *Files,
+                     std::shared_ptr<PCHContainerOperations> PCHContainerOps,
+                     DiagnosticConsumer *DiagConsumer) override {
+    Invocation->getPreprocessorOpts().SetUpStaticAnalyzer = true;
+    return FrontendActionFactory::runInvocation(Invocation, Files, PCHContainerOps,
+                                                DiagConsumer);
+  }
+
+private:
+  class Action : public ASTFrontendAction {
+  public:
+    Action(ClangTidyASTConsumerFactory *Factory, TUResult &Result)
+        : Factory(Factory), Result(Result) {}
+    std::unique_ptr<ASTConsumer> CreateASTConsumer(CompilerInstance &Compiler,
+                                                   StringRef File) override {
+      return Factory->createASTConsumer(Compiler, File);
+    }
+    void EndSourceFileAction() override {
+      SourceManager &SM = getCompilerInstance().getSourceManager();
+      for (auto It = SM.fileinfo_begin(), End = SM.fileinfo_end(); It != End; ++It) {
+        std::optional<llvm::MemoryBufferRef> Buf =
+            It->second->getBufferOrNone(SM.getDiagnostics(), SM.getFileManager());
+        llvm::SmallString<256> Path(It->first.getFileEntry().tryGetRealPathName());
+        if (Path.empty()) {
+          Path = It->first.getName();
+          SM.getFileManager().makeAbsolutePath(Path);
+        }
+        // A file whose contents were never read cannot key the cache: hash
+        // its absence so that any later contents miss.
+        Result.Deps.emplace_back(std::string(Path), Buf ? hashContents(Buf->getBuffer()) : 0);
+      }
+    }
+
+  private:
+    ClangTidyASTConsumerFactory *Factory;
+    TUResult &Result;
+  };
+
+  ClangTidyASTConsumerFactory ConsumerFactory;
+  TUResult &Result;
+};
+
+} // namespace
+
+/// Paths in diagnostics are relative to the build directory of the command;
+/// the driver merges TUs from many directories, so make them absolute.
+static std::string absoluteIn(llvm::StringRef Dir, llvm::StringRef Path) {
+  if (Path.empty() || llvm::sys::path::is_absolute(Path) || Dir.empty())
+    return Path.str();
+  llvm::SmallString<256> P(Dir);
+  llvm::sys::path::append(P, Path);
+  llvm::sys::path::remove_dots(P, /*remove_dot_dot=*/false);
+  return std::string(P);
+}
+
+static void makeAbsolute(llvm::StringRef Dir, tooling::DiagnosticMessage &M) {
+  M.FilePath = absoluteIn(Dir, M.FilePath);
+  for (tooling::FileByteRange &R : M.Ranges)
+    R.FilePath = absoluteIn(Dir, R.FilePath);
+  llvm::StringMap<Replacements> Fix;
+  for (const auto &FileAndRepls : M.Fix) {
+    Replacements &Out = Fix[absoluteIn(Dir, FileAndRepls.first())];
+    for (const Replacement &R : FileAndRepls.second)
+      llvm::consumeError(Out.add(Replacement(absoluteIn(Dir, R.getFilePath()), R.getOffset(),
+                                             R.getLength(), R.getReplacementText())));
+  }
+  M.Fix = std::move(Fix);
+}
+
+TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &Commands,
+                   const ClangTidyOptions &Options) {
+  TUResult Result;
+  Result.File = File;
+  ClangTidyContext Context(std::make_unique<DefaultOptionsProvider>(ClangTidyGlobalOptions(),
+                                                                    Options));
+  OneFileDatabase DB(Commands);
+  ClangTool Tool(DB, {File});
+  // Extra arguments from the configuration, as runClangTidy adds them.
+  Tool.appendArgumentsAdjuster([&Options](const CommandLineArguments &Args, StringRef) {
+    CommandLineArguments Adjusted = Args;
+    if (Options.ExtraArgsBefore) {
+      auto I = Adjusted.begin();
+      if (I != Adjusted.end() && !StringRef(*I).starts_with("-"))
+        ++I;
+      Adjusted.insert(I, Options.ExtraArgsBefore->begin(), Options.ExtraArgsBefore->end());
+    }
+    if (Options.ExtraArgs)
+      Adjusted.insert(Adjusted.end(), Options.ExtraArgs->begin(), Options.ExtraArgs->end());
+    return Adjusted;
+  });
+  Tool.appendArgumentsAdjuster(getStripPluginsAdjuster());
+
+  ClangTidyDiagnosticConsumer DiagConsumer(Context);
+  llvm::IntrusiveRefCntPtr<DiagnosticOptions> DiagOpts = new DiagnosticOptions();
+  DiagnosticsEngine DE(new DiagnosticIDs(), DiagOpts, &DiagConsumer,
+                       /*ShouldOwnClient=*/false);
+  Context.setDiagnosticsEngine(&DE);
+  Tool.setDiagnosticConsumer(&DiagConsumer);
+
+  ActionFactory Factory(Context, Result);
+  bool RunFailed = Tool.run(&Factory) != 0;
+  Result.Errors = DiagConsumer.take();
+  // A check that reports at error severity fails the compiler's run too: only
+  // compiler errors (or a failure with no error to show) mean "did not parse".
+  Result.Failed = llvm::any_of(Result.Errors, isCompilerError) ||
+                  (RunFailed && llvm::none_of(Result.Errors, [](const ClangTidyError &E) {
+                     return E.DiagLevel == ClangTidyError::Error;
+                   }));
+  for (ClangTidyError &E : Result.Errors) {
+    makeAbsolute(E.BuildDirectory, E.Message);
+    for (auto &N : E.Notes)
+      makeAbsolute(E.BuildDirectory, N);
+  }
+  llvm::sort(Result.Deps);
+  Result.Deps.erase(std::unique(Result.Deps.begin(), Result.Deps.end()), Result.Deps.end());
+  return Result;
+}
+
+} // namespace tensor_tidy
