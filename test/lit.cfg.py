@@ -50,3 +50,10 @@ try:
         config.available_features.add("cuda-gpu")
 except (OSError, subprocess.SubprocessError):
     pass
+# Debian's PyTorch, the oracle of the conformance golden file.
+try:
+    if subprocess.run(["/usr/bin/python3", "-c", "import torch"],
+                      capture_output=True, timeout=120).returncode == 0:
+        config.available_features.add("torch-python")
+except (OSError, subprocess.SubprocessError):
+    pass
