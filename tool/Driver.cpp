@@ -226,6 +226,7 @@ int runDriver(DriverOptions &Opts) {
 
   // The compilation database.
   std::unique_ptr<tooling::CompilationDatabase> DB = std::move(Opts.FixedDatabase);
+  bool FromFlags = DB != nullptr;
   if (DB && !Opts.BuildPath.empty())
     return fail("-p and '-- <compiler flags>' cannot be used together");
   if (!DB && !Opts.BuildPath.empty()) {
@@ -257,6 +258,13 @@ int runDriver(DriverOptions &Opts) {
       return fail("the compilation database in '" + Opts.BuildPath + "' has no entries");
   }
 
+  // JSON databases infer commands for files they do not list (clangd's
+  // interpolation); a file named on the command line must be listed.
+  llvm::StringSet<> Listed;
+  if (!FromFlags)
+    for (const std::string &F : DB->getAllFiles())
+      Listed.insert(absolute(F));
+
   std::vector<Job> Jobs;
   llvm::StringMap<bool> HasChecks;
   for (const std::string &F : Files) {
@@ -269,7 +277,7 @@ int runDriver(DriverOptions &Opts) {
         return fail("'" + F + "' is a directory, not a source file");
     }
     J.Commands = DB->getCompileCommands(F);
-    if (J.Commands.empty())
+    if (J.Commands.empty() || (!Listed.empty() && !Listed.contains(F)))
       return fail("'" + F + "' is not in the compilation database" +
                   (Opts.BuildPath.empty() ? "" : " in '" + Opts.BuildPath + "'"));
     J.Options = Context.getOptionsForFile(F);
@@ -380,6 +388,11 @@ int runDriver(DriverOptions &Opts) {
   }
   llvm::sort(Report.EnabledChecks);
 
+  int HookCode = 0;
+  std::string HookReport;
+  if (Opts.AfterAnalysis)
+    HookCode = Opts.AfterAnalysis(Report.Errors, *DB, Files, HookReport);
+
   // Output, then fixes. clang-tidy's reporter prints text and applies fixes
   // in one go (through llvm::writeToOutput: a temporary renamed over the
   // file, never a half-written one).
@@ -419,6 +432,8 @@ int runDriver(DriverOptions &Opts) {
     }
   }
 
+  llvm::outs() << HookReport;
+  llvm::outs().flush();
   for (const auto &F : Report.Failures)
     llvm::errs() << "tensor-tidy: error: " << F.second << "\n";
   unsigned NumErrors = llvm::count_if(Report.Errors, [](const ClangTidyError &E) {
@@ -430,6 +445,8 @@ int runDriver(DriverOptions &Opts) {
                  << " errors\n";
   if (!Report.Failures.empty())
     return ExitParseFailed;
+  if (HookCode)
+    return HookCode;
   return NumErrors ? ExitFindings : ExitClean;
 }
 

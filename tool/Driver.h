@@ -4,7 +4,9 @@
 #ifndef TENSOR_TIDY_TOOL_DRIVER_H
 #define TENSOR_TIDY_TOOL_DRIVER_H
 
+#include "ClangTidyDiagnosticConsumer.h"
 #include "clang/Tooling/CompilationDatabase.h"
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +37,14 @@ struct DriverOptions {
   std::string ExportFixes, Explain, Output, CacheDir;
   OutputFormat Format = OutputFormat::Text;
   unsigned Jobs = 0; // 0: one per core
+  /// Runs on the merged findings before they are reported or fixed (the
+  /// --verify hook). Appends its report to the string, printed after the
+  /// diagnostics; a non-zero result becomes the exit code unless the run
+  /// already failed harder (usage or parse errors).
+  std::function<int(llvm::ArrayRef<clang::tidy::ClangTidyError> Findings,
+                    const clang::tooling::CompilationDatabase &DB,
+                    llvm::ArrayRef<std::string> Files, std::string &Report)>
+      AfterAnalysis;
 };
 
 int runDriver(DriverOptions &Opts);

@@ -1,0 +1,2 @@
+// A compiler crash in one TU must not take the others down.
+#pragma clang __debug crash

@@ -1,0 +1,6 @@
+int shadowed(int a) {
+  {
+    int a = 2;
+    return a;
+  }
+}

@@ -1,0 +1,4 @@
+#include "util.h"
+tt::Tensor flat(tt::Tensor x) {
+  return x.t().view(-1);
+}
