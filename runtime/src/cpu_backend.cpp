@@ -1,0 +1,730 @@
+// The CPU backend: the kernels of backend.h over strided operands, with a
+// small TensorIterator-like loop (drop size-1 dims, order dims by the first
+// operand's strides, coalesce, run a typed inner loop) split across OpenMP
+// threads. matmul goes to OpenBLAS for float/double.
+#include "backend.h"
+#include "internal.h"
+
+#include <algorithm>
+#include <cblas.h>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <type_traits>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace tt::backend {
+namespace {
+
+constexpr int kMaxOps = 4;
+constexpr std::int64_t kGrain = 32768; // elements per thread before splitting
+
+// Operands flattened to a coalesced loop nest (byte strides).
+struct Loop {
+  int nops = 0;
+  int ndim = 0; // dims ordered outermost first
+  std::int64_t sizes[kMaxDims] = {};
+  std::int64_t strides[kMaxOps][kMaxDims] = {};
+  char *base[kMaxOps] = {};
+  std::int64_t numel = 1;
+};
+
+Loop makeLoop(std::initializer_list<const TensorDesc *> ops) {
+  Loop L;
+  L.nops = static_cast<int>(ops.size());
+  const TensorDesc &first = **ops.begin();
+  int nd = first.ndim;
+  // Dims with size 1 do not move anything.
+  std::vector<int> dims;
+  for (int d = 0; d < nd; ++d) {
+    L.numel *= first.sizes[d];
+    if (first.sizes[d] != 1)
+      dims.push_back(d);
+  }
+  // Innermost: the smallest stride of the first operand (the output), ties by
+  // the next operands: follows memory order like TensorIterator.
+  std::stable_sort(dims.begin(), dims.end(), [&](int a, int b) {
+    for (const TensorDesc *op : ops) {
+      std::int64_t sa = std::llabs(op->strides[a]), sb = std::llabs(op->strides[b]);
+      if (sa == 0 || sb == 0)
+        continue;
+      if (sa != sb)
+        return sa > sb;
+    }
+    return false;
+  });
+  int k = 0;
+  for (int d : dims) {
+    L.sizes[k] = first.sizes[d];
+    int i = 0;
+    for (const TensorDesc *op : ops)
+      L.strides[i++][k] = op->strides[d] * static_cast<std::int64_t>(elementSize(op->dtype));
+    ++k;
+  }
+  L.ndim = k;
+  // Coalesce dim j-1 into j when every operand steps through them as one.
+  int out = 0;
+  for (int j = 1; j < L.ndim; ++j) {
+    bool can = true;
+    for (int i = 0; i < L.nops; ++i)
+      if (L.strides[i][out] != L.strides[i][j] * L.sizes[j])
+        can = false;
+    if (can) {
+      L.sizes[out] *= L.sizes[j];
+      for (int i = 0; i < L.nops; ++i)
+        L.strides[i][out] = L.strides[i][j];
+    } else {
+      ++out;
+      L.sizes[out] = L.sizes[j];
+      for (int i = 0; i < L.nops; ++i)
+        L.strides[i][out] = L.strides[i][j];
+    }
+  }
+  if (L.ndim > 0)
+    L.ndim = out + 1;
+  int i = 0;
+  for (const TensorDesc *op : ops)
+    L.base[i++] = static_cast<char *>(op->data);
+  return L;
+}
+
+int maxThreads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Runs f(begin, end) over [0, n) in parallel chunks.
+template <typename F> void parallelFor(std::int64_t n, F f) {
+  int nt = maxThreads();
+  if (nt <= 1 || n < 2 * kGrain) {
+    f(std::int64_t(0), n);
+    return;
+  }
+  std::int64_t chunks = std::min<std::int64_t>(nt, n / kGrain);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(static_cast<int>(chunks)) schedule(static)
+#endif
+  for (std::int64_t c = 0; c < chunks; ++c)
+    f(n * c / chunks, n * (c + 1) / chunks);
+}
+
+// Calls inner(ptrs, inner_strides, count) over every innermost run of L.
+template <typename Inner> void runLoop(const Loop &L, Inner inner) {
+  if (L.numel == 0)
+    return;
+  if (L.ndim == 0) {
+    char *ptrs[kMaxOps];
+    std::int64_t st[kMaxOps] = {};
+    for (int i = 0; i < L.nops; ++i)
+      ptrs[i] = L.base[i];
+    inner(ptrs, st, std::int64_t(1));
+    return;
+  }
+  const int nd = L.ndim;
+  const std::int64_t innerSize = L.sizes[nd - 1];
+  std::int64_t innerStrides[kMaxOps];
+  for (int i = 0; i < L.nops; ++i)
+    innerStrides[i] = L.strides[i][nd - 1];
+  parallelFor(L.numel, [&](std::int64_t begin, std::int64_t end) {
+    // Position of linear index `begin` in the loop nest.
+    std::int64_t idx[kMaxDims];
+    std::int64_t rem = begin;
+    for (int d = nd - 1; d >= 0; --d) {
+      idx[d] = rem % L.sizes[d];
+      rem /= L.sizes[d];
+    }
+    std::int64_t pos = begin;
+    while (pos < end) {
+      char *ptrs[kMaxOps];
+      for (int i = 0; i < L.nops; ++i) {
+        std::int64_t off = 0;
+        for (int d = 0; d < nd; ++d)
+          off += idx[d] * L.strides[i][d];
+        ptrs[i] = L.base[i] + off;
+      }
+      std::int64_t count = std::min(innerSize - idx[nd - 1], end - pos);
+      inner(ptrs, innerStrides, count);
+      pos += count;
+      idx[nd - 1] += count;
+      for (int d = nd - 1; d > 0 && idx[d] >= L.sizes[d]; --d) {
+        idx[d] = 0;
+        ++idx[d - 1];
+      }
+    }
+  });
+}
+
+// --- dtype dispatch ---------------------------------------------------------------------
+template <typename T> struct Tag { using type = T; };
+template <typename F> void dispatch(ScalarType t, F f) {
+  switch (t) {
+  case kFloat: f(Tag<float>{}); break;
+  case kDouble: f(Tag<double>{}); break;
+  case kHalf: f(Tag<Half>{}); break;
+  case kBFloat16: f(Tag<BFloat16>{}); break;
+  case kInt: f(Tag<std::int32_t>{}); break;
+  case kLong: f(Tag<std::int64_t>{}); break;
+  case kBool: f(Tag<bool>{}); break;
+  }
+}
+
+// The type arithmetic is done in.
+template <typename T> struct Acc { using type = T; };
+template <> struct Acc<Half> { using type = float; };
+template <> struct Acc<BFloat16> { using type = float; };
+template <> struct Acc<bool> { using type = std::int64_t; };
+template <typename T> using acc_t = typename Acc<T>::type;
+
+template <typename T> acc_t<T> fromScalar(ScalarValue v) {
+  if constexpr (std::is_floating_point_v<acc_t<T>>)
+    return static_cast<acc_t<T>>(v.d);
+  else
+    return static_cast<acc_t<T>>(v.i);
+}
+
+template <typename T, typename A> T store(A v) {
+  if constexpr (std::is_same_v<T, bool>)
+    return v != 0;
+  else
+    return static_cast<T>(v);
+}
+
+// Elementwise map over nops operands: out = f(in...), typed.
+template <typename Tout, typename Tin, int NIn, typename F> void mapKernel(const Loop &L, F f) {
+  runLoop(L, [&](char **p, const std::int64_t *s, std::int64_t n) {
+    auto *o = reinterpret_cast<Tout *>(p[0]);
+    if constexpr (NIn == 1) {
+      const auto *a = reinterpret_cast<const Tin *>(p[1]);
+      if (s[0] == sizeof(Tout) && s[1] == sizeof(Tin)) {
+        for (std::int64_t i = 0; i < n; ++i)
+          o[i] = f(a[i]);
+      } else {
+        for (std::int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<Tout *>(p[0] + i * s[0]) = f(*reinterpret_cast<const Tin *>(p[1] + i * s[1]));
+      }
+    } else {
+      const auto *a = reinterpret_cast<const Tin *>(p[1]);
+      const auto *b = reinterpret_cast<const Tin *>(p[2]);
+      if (s[0] == sizeof(Tout) && s[1] == sizeof(Tin) && s[2] == sizeof(Tin)) {
+        for (std::int64_t i = 0; i < n; ++i)
+          o[i] = f(a[i], b[i]);
+      } else if (s[0] == sizeof(Tout) && s[1] == sizeof(Tin) && s[2] == 0) {
+        const Tin bv = *b;
+        for (std::int64_t i = 0; i < n; ++i)
+          o[i] = f(a[i], bv);
+      } else if (s[0] == sizeof(Tout) && s[1] == 0 && s[2] == sizeof(Tin)) {
+        const Tin av = *a;
+        for (std::int64_t i = 0; i < n; ++i)
+          o[i] = f(av, b[i]);
+      } else {
+        for (std::int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<Tout *>(p[0] + i * s[0]) = f(*reinterpret_cast<const Tin *>(p[1] + i * s[1]),
+                                                         *reinterpret_cast<const Tin *>(p[2] + i * s[2]));
+      }
+    }
+  });
+}
+
+// --- memory -----------------------------------------------------------------------------
+void *cpuAlloc(std::size_t nbytes) {
+  if (nbytes == 0)
+    return nullptr;
+  void *p = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+  if (!p)
+    throw std::bad_alloc();
+  return p;
+}
+void cpuFree(void *p, std::size_t) { std::free(p); }
+void cpuMemcpy(void *dst, const void *src, std::size_t n) {
+  if (n)
+    std::memcpy(dst, src, n);
+}
+void cpuSync() {}
+
+// --- copy -------------------------------------------------------------------------------
+template <typename T> void transpose2d(char *dst, const char *src, std::int64_t rows, std::int64_t cols,
+                                       std::int64_t dOuter, std::int64_t sInner) {
+  // dst[r][c] (dst contiguous rows of `cols`, outer stride dOuter bytes)
+  // = src at r*sizeof(T) + c*sInner (src is column-major-like).
+  constexpr std::int64_t B = 32;
+  parallelFor((rows + B - 1) / B * B * cols, [&](std::int64_t b, std::int64_t e) {
+    std::int64_t r0 = b / cols / B * B, r1 = std::min(rows, (e + cols - 1) / cols);
+    for (std::int64_t rb = r0; rb < r1; rb += B) {
+      std::int64_t re = std::min(rb + B, r1);
+      for (std::int64_t cb = 0; cb < cols; cb += B) {
+        std::int64_t ce = std::min(cb + B, cols);
+        for (std::int64_t r = rb; r < re; ++r) {
+          T *d = reinterpret_cast<T *>(dst + r * dOuter);
+          const char *s = src + r * static_cast<std::int64_t>(sizeof(T));
+          for (std::int64_t c = cb; c < ce; ++c)
+            d[c] = *reinterpret_cast<const T *>(s + c * sInner);
+        }
+      }
+    }
+  });
+}
+
+void cpuCopy(const TensorDesc &dst, const TensorDesc &src) {
+  Loop L = makeLoop({&dst, &src});
+  if (L.numel == 0)
+    return;
+  const std::int64_t es = static_cast<std::int64_t>(elementSize(dst.dtype));
+  if (dst.dtype == src.dtype) {
+    if (L.ndim <= 1 && (L.ndim == 0 || (L.strides[0][0] == es && L.strides[1][0] == es))) {
+      std::size_t bytes = static_cast<std::size_t>(L.numel * es);
+      char *d = L.base[0];
+      const char *s = L.base[1];
+      parallelFor(static_cast<std::int64_t>(bytes) / 4, [&](std::int64_t b, std::int64_t e) {
+        std::int64_t lo = b * 4, hi = e == static_cast<std::int64_t>(bytes) / 4 ? static_cast<std::int64_t>(bytes) : e * 4;
+        std::memcpy(d + lo, s + lo, static_cast<std::size_t>(hi - lo));
+      });
+      if (bytes < 4)
+        std::memcpy(d, s, bytes);
+      return;
+    }
+    // dst contiguous rows, src reading down columns: blocked transpose.
+    if (L.ndim == 2 && L.strides[0][1] == es && L.strides[0][0] == L.sizes[1] * es && L.strides[1][0] == es) {
+      auto go = [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        transpose2d<T>(L.base[0], L.base[1], L.sizes[0], L.sizes[1], L.strides[0][0], L.strides[1][1]);
+      };
+      switch (es) {
+      case 1: go(Tag<std::uint8_t>{}); return;
+      case 2: go(Tag<std::uint16_t>{}); return;
+      case 4: go(Tag<std::uint32_t>{}); return;
+      case 8: go(Tag<std::uint64_t>{}); return;
+      default: break;
+      }
+    }
+  }
+  dispatch(dst.dtype, [&](auto dtag) {
+    using D = typename decltype(dtag)::type;
+    dispatch(src.dtype, [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      mapKernel<D, S, 1>(L, [](S v) -> D {
+        if constexpr (std::is_same_v<D, bool>)
+          return static_cast<float>(v) != 0.0f;
+        else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>)
+          return D(static_cast<float>(v));
+        else if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+          return static_cast<D>(static_cast<float>(v));
+        else
+          return static_cast<D>(v);
+      });
+    });
+  });
+}
+
+void cpuFill(const TensorDesc &dst, ScalarValue v) {
+  Loop L = makeLoop({&dst});
+  dispatch(dst.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T val;
+    if constexpr (std::is_same_v<T, bool>)
+      val = v.d != 0;
+    else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      val = T(static_cast<float>(v.d));
+    else if constexpr (std::is_floating_point_v<T>)
+      val = static_cast<T>(v.d);
+    else
+      val = static_cast<T>(v.i);
+    runLoop(L, [&](char **p, const std::int64_t *s, std::int64_t n) {
+      if (s[0] == sizeof(T)) {
+        T *o = reinterpret_cast<T *>(p[0]);
+        std::fill(o, o + n, val);
+      } else {
+        for (std::int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<T *>(p[0] + i * s[0]) = val;
+      }
+    });
+  });
+}
+
+// --- unary / binary / compare / where -------------------------------------------------------
+template <typename A> A sigmoidOf(A x) {
+  if constexpr (std::is_floating_point_v<A>)
+    return A(1) / (A(1) + std::exp(-x));
+  else
+    return x;
+}
+
+void cpuUnary(UnaryOp op, const TensorDesc &out, const TensorDesc &in, const UnaryParams &pr) {
+  Loop L = makeLoop({&out, &in});
+  dispatch(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    auto run = [&](auto f) { mapKernel<T, T, 1>(L, [&](T x) -> T { return store<T>(f(static_cast<A>(x))); }); };
+    const A p0 = fromScalar<T>(pr.p0), p1 = fromScalar<T>(pr.p1);
+    const double d0 = pr.p0.d;
+    switch (op) {
+    case UnaryOp::Neg: run([](A x) { return A(-x); }); break;
+    case UnaryOp::Abs: run([](A x) { return x < A(0) ? A(-x) : x; }); break;
+    case UnaryOp::Exp: run([](A x) { return A(std::exp(x)); }); break;
+    case UnaryOp::Log: run([](A x) { return A(std::log(x)); }); break;
+    case UnaryOp::Sqrt: run([](A x) { return A(std::sqrt(x)); }); break;
+    case UnaryOp::Relu: run([](A x) { return x > A(0) ? x : A(0); }); break;
+    case UnaryOp::Sigmoid: run([](A x) { return sigmoidOf(x); }); break;
+    case UnaryOp::Tanh: run([](A x) { return A(std::tanh(x)); }); break;
+    case UnaryOp::Reciprocal: run([](A x) { return A(A(1) / x); }); break;
+    case UnaryOp::Clamp: {
+      bool lo = pr.has_p0, hi = pr.has_p1;
+      run([=](A x) {
+        if constexpr (std::is_floating_point_v<A>)
+          if (std::isnan(x))
+            return x;
+        if (lo && x < p0)
+          x = p0;
+        if (hi && x > p1)
+          x = p1;
+        return x;
+      });
+      break;
+    }
+    case UnaryOp::PowScalar:
+      if constexpr (std::is_floating_point_v<A>) {
+        if (d0 == 2.0)
+          run([](A x) { return x * x; });
+        else
+          run([=](A x) { return A(std::pow(x, p0)); });
+      } else {
+        run([=](A x) {
+          A r = 1;
+          for (A e = p0; e > 0; --e)
+            r *= x;
+          return r;
+        });
+      }
+      break;
+    case UnaryOp::RPowScalar: run([=](A x) { return A(std::pow(p0, x)); }); break;
+    }
+  });
+}
+
+template <typename A> A ipow(A b, A e) {
+  if constexpr (std::is_floating_point_v<A>) {
+    return std::pow(b, e);
+  } else {
+    if (e < 0)
+      return b == 1 ? 1 : (b == -1 ? (e % 2 ? -1 : 1) : 0);
+    A r = 1;
+    while (e) {
+      if (e & 1)
+        r *= b;
+      b *= b;
+      e >>= 1;
+    }
+    return r;
+  }
+}
+
+void cpuBinary(BinaryOp op, const TensorDesc &out, const TensorDesc &a, const TensorDesc &b, ScalarValue alpha) {
+  Loop L = makeLoop({&out, &a, &b});
+  dispatch(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    const A al = fromScalar<T>(alpha);
+    auto run = [&](auto f) {
+      mapKernel<T, T, 2>(L, [&](T x, T y) -> T { return store<T>(f(static_cast<A>(x), static_cast<A>(y))); });
+    };
+    switch (op) {
+    case BinaryOp::Add:
+      if (al == A(1))
+        run([](A x, A y) { return A(x + y); });
+      else
+        run([=](A x, A y) { return A(x + al * y); });
+      break;
+    case BinaryOp::Sub:
+      if (al == A(1))
+        run([](A x, A y) { return A(x - y); });
+      else
+        run([=](A x, A y) { return A(x - al * y); });
+      break;
+    case BinaryOp::Mul: run([](A x, A y) { return A(x * y); }); break;
+    case BinaryOp::Div:
+      if constexpr (std::is_floating_point_v<A>) {
+        run([](A x, A y) { return A(x / y); });
+      } else {
+        run([](A x, A y) { // floor division of integers never reaches here with y == 0
+          if (y == 0)
+            return A(0);
+          A q = x / y;
+          if ((x % y != 0) && ((x < 0) != (y < 0)))
+            --q;
+          return q;
+        });
+      }
+      break;
+    case BinaryOp::Pow: run([](A x, A y) { return ipow(x, y); }); break;
+    case BinaryOp::Maximum: run([](A x, A y) { return x > y ? x : y; }); break;
+    case BinaryOp::Minimum: run([](A x, A y) { return x < y ? x : y; }); break;
+    }
+  });
+}
+
+void cpuCompare(CompareOp op, const TensorDesc &out, const TensorDesc &a, const TensorDesc &b) {
+  Loop L = makeLoop({&out, &a, &b});
+  dispatch(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    auto run = [&](auto f) {
+      mapKernel<bool, T, 2>(L, [&](T x, T y) -> bool { return f(static_cast<A>(x), static_cast<A>(y)); });
+    };
+    switch (op) {
+    case CompareOp::Eq: run([](A x, A y) { return x == y; }); break;
+    case CompareOp::Ne: run([](A x, A y) { return x != y; }); break;
+    case CompareOp::Lt: run([](A x, A y) { return x < y; }); break;
+    case CompareOp::Le: run([](A x, A y) { return x <= y; }); break;
+    case CompareOp::Gt: run([](A x, A y) { return x > y; }); break;
+    case CompareOp::Ge: run([](A x, A y) { return x >= y; }); break;
+    }
+  });
+}
+
+void cpuWhere(const TensorDesc &out, const TensorDesc &cond, const TensorDesc &a, const TensorDesc &b) {
+  Loop L = makeLoop({&out, &cond, &a, &b});
+  dispatch(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    runLoop(L, [&](char **p, const std::int64_t *s, std::int64_t n) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        bool c = *reinterpret_cast<const bool *>(p[1] + i * s[1]);
+        *reinterpret_cast<T *>(p[0] + i * s[0]) = c ? *reinterpret_cast<const T *>(p[2] + i * s[2])
+                                                    : *reinterpret_cast<const T *>(p[3] + i * s[3]);
+      }
+    });
+  });
+}
+
+// --- reductions -------------------------------------------------------------------------
+template <typename T> struct RAcc {
+  using type = std::conditional_t<std::is_floating_point_v<acc_t<T>>, double, std::int64_t>;
+};
+
+void cpuReduce(ReduceOp op, const TensorDesc &out, const TensorDesc &in, const TensorDesc *indices) {
+  // Kept dims index the output; reduced dims are walked for each output.
+  std::vector<int> kept, red;
+  for (int d = 0; d < in.ndim; ++d) {
+    if (out.sizes[d] != in.sizes[d])
+      red.push_back(d);
+    else if (in.sizes[d] != 1)
+      kept.push_back(d);
+  }
+  std::int64_t nout = 1, nred = 1;
+  for (int d : kept)
+    nout *= in.sizes[d];
+  for (int d : red)
+    nred *= in.sizes[d];
+  const int ke = static_cast<int>(kept.size()), re = static_cast<int>(red.size());
+  dispatch(in.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using R = typename RAcc<T>::type;
+    const T *src = static_cast<const T *>(in.data);
+    auto body = [&](std::int64_t ob, std::int64_t oe) {
+      std::vector<std::int64_t> ridx(red.size());
+      for (std::int64_t o = ob; o < oe; ++o) {
+        std::int64_t inOff = 0, outOff = 0, idxOff = 0, rem = o;
+        for (int k = ke - 1; k >= 0; --k) {
+          int d = kept[k];
+          std::int64_t i = rem % in.sizes[d];
+          rem /= in.sizes[d];
+          inOff += i * in.strides[d];
+          outOff += i * out.strides[d];
+          if (indices)
+            idxOff += i * indices->strides[d];
+        }
+        std::fill(ridx.begin(), ridx.end(), 0);
+        R acc = op == ReduceOp::Prod ? R(1) : R(0);
+        std::int64_t best = 0;
+        bool isnan = false;
+        std::int64_t off = 0;
+        for (std::int64_t r = 0; r < nred; ++r) {
+          R v = static_cast<R>(static_cast<acc_t<T>>(src[inOff + off]));
+          switch (op) {
+          case ReduceOp::Sum: acc += v; break;
+          case ReduceOp::Prod: acc *= v; break;
+          case ReduceOp::Max: case ReduceOp::ArgMax:
+          case ReduceOp::Min: case ReduceOp::ArgMin: {
+            bool better;
+            bool vnan = false;
+            if constexpr (std::is_floating_point_v<R>)
+              vnan = std::isnan(v);
+            if (r == 0)
+              better = true;
+            else if (isnan)
+              better = false; // first NaN wins, like PyTorch
+            else if (vnan)
+              better = true;
+            else
+              better = (op == ReduceOp::Max || op == ReduceOp::ArgMax) ? v > acc : v < acc;
+            if (better) {
+              acc = v;
+              best = r;
+              isnan = vnan;
+            }
+            break;
+          }
+          }
+          // Advance the reduced-dims counter.
+          for (int k = re - 1; k >= 0; --k) {
+            int d = red[k];
+            ++ridx[k];
+            off += in.strides[d];
+            if (ridx[k] < in.sizes[d])
+              break;
+            off -= ridx[k] * in.strides[d];
+            ridx[k] = 0;
+          }
+        }
+        if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
+          static_cast<std::int64_t *>(out.data)[outOff] = best;
+        } else {
+          static_cast<T *>(out.data)[outOff] = store<T>(static_cast<acc_t<T>>(acc));
+          if (indices)
+            static_cast<std::int64_t *>(indices->data)[idxOff] = best;
+        }
+      }
+    };
+    if (nout * nred >= 2 * kGrain && nout > 1) {
+      int nt = std::min<std::int64_t>(maxThreads(), nout);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+      for (int c = 0; c < nt; ++c)
+        body(nout * c / nt, nout * (c + 1) / nt);
+    } else {
+      body(0, nout);
+    }
+  });
+}
+
+// --- matmul ------------------------------------------------------------------------------
+// One [M,K] operand as BLAS sees it: transposed or not, leading dimension.
+bool blasLayout(std::int64_t rows, std::int64_t cols, std::int64_t s0, std::int64_t s1, CBLAS_TRANSPOSE &tr,
+                std::int64_t &ld) {
+  if (s1 == 1 && s0 >= std::max<std::int64_t>(1, cols)) {
+    tr = CblasNoTrans;
+    ld = s0;
+    return true;
+  }
+  if (s0 == 1 && s1 >= std::max<std::int64_t>(1, rows)) {
+    tr = CblasTrans;
+    ld = s1;
+    return true;
+  }
+  if (rows == 1 && s1 == 1) { tr = CblasNoTrans; ld = std::max<std::int64_t>(1, cols); return true; }
+  if (cols == 1 && s0 == 1) { tr = CblasTrans; ld = std::max<std::int64_t>(1, rows); return true; }
+  return false;
+}
+
+template <typename T>
+void gemmBlas(std::int64_t M, std::int64_t N, std::int64_t K, const T *a, std::int64_t sa0, std::int64_t sa1,
+              const T *b, std::int64_t sb0, std::int64_t sb1, T *c, std::int64_t sc0, std::int64_t sc1) {
+  CBLAS_TRANSPOSE ta, tb;
+  std::int64_t lda, ldb;
+  std::vector<T> ta_buf, tb_buf, tc_buf;
+  if (!blasLayout(M, K, sa0, sa1, ta, lda)) {
+    ta_buf.resize(static_cast<std::size_t>(M * K));
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t k = 0; k < K; ++k)
+        ta_buf[i * K + k] = a[i * sa0 + k * sa1];
+    a = ta_buf.data();
+    ta = CblasNoTrans;
+    lda = std::max<std::int64_t>(1, K);
+  }
+  if (!blasLayout(K, N, sb0, sb1, tb, ldb)) {
+    tb_buf.resize(static_cast<std::size_t>(K * N));
+    for (std::int64_t k = 0; k < K; ++k)
+      for (std::int64_t j = 0; j < N; ++j)
+        tb_buf[k * N + j] = b[k * sb0 + j * sb1];
+    b = tb_buf.data();
+    tb = CblasNoTrans;
+    ldb = std::max<std::int64_t>(1, N);
+  }
+  bool direct = sc1 == 1 && sc0 >= std::max<std::int64_t>(1, N);
+  T *cc = c;
+  std::int64_t ldc = sc0;
+  if (!direct) {
+    tc_buf.resize(static_cast<std::size_t>(M * N));
+    cc = tc_buf.data();
+    ldc = std::max<std::int64_t>(1, N);
+  }
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, int(M), int(N), int(K), 1.0f, a, int(lda), b, int(ldb), 0.0f, cc, int(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, int(M), int(N), int(K), 1.0, a, int(lda), b, int(ldb), 0.0, cc, int(ldc));
+  if (!direct)
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j)
+        c[i * sc0 + j * sc1] = tc_buf[i * N + j];
+}
+
+void cpuMatmul(const TensorDesc &out, const TensorDesc &a, const TensorDesc &b) {
+  const std::int64_t B = out.sizes[0], M = out.sizes[1], N = out.sizes[2], K = a.sizes[2];
+  dispatch(out.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T *c = static_cast<T *>(out.data);
+    const T *pa = static_cast<const T *>(a.data);
+    const T *pb = static_cast<const T *>(b.data);
+    for (std::int64_t bi = 0; bi < B; ++bi) {
+      T *cb = c + bi * out.strides[0];
+      const T *ab = pa + bi * a.strides[0];
+      const T *bb = pb + bi * b.strides[0];
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        if (M == 0 || N == 0)
+          continue;
+        if (K == 0) {
+          for (std::int64_t i = 0; i < M; ++i)
+            for (std::int64_t j = 0; j < N; ++j)
+              cb[i * out.strides[1] + j * out.strides[2]] = T(0);
+          continue;
+        }
+        gemmBlas<T>(M, N, K, ab, a.strides[1], a.strides[2], bb, b.strides[1], b.strides[2], cb, out.strides[1],
+                    out.strides[2]);
+      } else {
+        using A = typename RAcc<T>::type;
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            A acc = 0;
+            for (std::int64_t k = 0; k < K; ++k)
+              acc += static_cast<A>(static_cast<acc_t<T>>(ab[i * a.strides[1] + k * a.strides[2]])) *
+                     static_cast<A>(static_cast<acc_t<T>>(bb[k * b.strides[1] + j * b.strides[2]]));
+            cb[i * out.strides[1] + j * out.strides[2]] = store<T>(static_cast<acc_t<T>>(acc));
+          }
+      }
+    }
+  });
+}
+
+const Backend kCpuBackend = {
+    "cpu", kCPU, cpuAlloc, cpuFree, cpuMemcpy, cpuMemcpy, cpuMemcpy, cpuSync,
+    cpuCopy, cpuFill, cpuUnary, cpuBinary, cpuCompare, cpuWhere, cpuReduce, cpuMatmul,
+};
+
+const Backend *g_backends[2] = {&kCpuBackend, nullptr};
+
+} // namespace
+
+const Backend &cpuBackend() { return kCpuBackend; }
+
+const Backend &get(DeviceType device) {
+  const Backend *b = g_backends[static_cast<int>(device)];
+  if (!b)
+    fail(std::string("Could not run this operator with arguments from the '") +
+         (device == kCUDA ? "CUDA" : "CPU") +
+         "' backend: this build of the tt runtime has no CUDA backend (Torch not compiled with CUDA enabled)");
+  return *b;
+}
+
+bool available(DeviceType device) { return g_backends[static_cast<int>(device)] != nullptr; }
+
+void registerBackend(DeviceType device, const Backend *b) { g_backends[static_cast<int>(device)] = b; }
+
+} // namespace tt::backend

@@ -1,0 +1,307 @@
+// Trace mode: TT_TRACE=<file> writes one JSON object per line for every
+// allocation, free, copy, in-place write, op and error, each with the
+// user's source location. Schema: docs/runtime/trace.md.
+#include "internal.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+namespace tt::trace {
+
+#if TT_WITH_TRACE
+bool g_on = false;
+
+namespace {
+std::FILE *g_file = nullptr;
+std::mutex g_mu;
+std::uint64_t g_seq = 0;
+thread_local int t_depth = 0;
+thread_local SourceLocation t_loc;
+thread_local const char *t_op = nullptr;
+
+void jsonString(std::string &out, const char *s) {
+  out += '"';
+  for (; s && *s; ++s) {
+    unsigned char c = static_cast<unsigned char>(*s);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += '"';
+}
+
+void jsonInts(std::string &out, const std::vector<std::int64_t> &v) {
+  out += '[';
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i)
+      out += ',';
+    out += std::to_string(v[i]);
+  }
+  out += ']';
+}
+
+// Starts an event line: seq, ev, the user-facing op and its location.
+std::string head(const char *ev) {
+  std::string s = "{\"ev\":\"";
+  s += ev;
+  s += "\",\"op\":";
+  if (t_depth > 0 && t_op)
+    jsonString(s, t_op);
+  else
+    s += "null";
+  if (t_depth > 0 && t_loc.file && *t_loc.file) {
+    s += ",\"file\":";
+    jsonString(s, t_loc.file);
+    s += ",\"line\":" + std::to_string(t_loc.line) + ",\"col\":" + std::to_string(t_loc.column);
+  } else {
+    s += ",\"file\":null,\"line\":null,\"col\":null";
+  }
+  return s;
+}
+
+void emit(std::string &s) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_file)
+    return;
+  std::string line = "{\"seq\":" + std::to_string(g_seq++) + "," + s.substr(1) + "}\n";
+  std::fwrite(line.data(), 1, line.size(), g_file);
+}
+
+// Sum of a CPU tensor's values: a cheap digest of what a write produced.
+bool digest(const TensorImpl &t, double &sum) {
+  if (!t.storage->device().is_cpu())
+    return false;
+  std::int64_t n = t.numel();
+  sum = 0;
+  std::size_t nd = t.sizes.size();
+  std::vector<std::int64_t> idx(nd, 0);
+  const char *base = t.data();
+  std::size_t es = elementSize(t.dtype);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < nd; ++d)
+      off += idx[d] * t.strides[d];
+    const char *p = base + off * static_cast<std::int64_t>(es);
+    switch (t.dtype) {
+    case kFloat: sum += *reinterpret_cast<const float *>(p); break;
+    case kDouble: sum += *reinterpret_cast<const double *>(p); break;
+    case kHalf: sum += float(*reinterpret_cast<const Half *>(p)); break;
+    case kBFloat16: sum += float(*reinterpret_cast<const BFloat16 *>(p)); break;
+    case kInt: sum += *reinterpret_cast<const std::int32_t *>(p); break;
+    case kLong: sum += static_cast<double>(*reinterpret_cast<const std::int64_t *>(p)); break;
+    case kBool: sum += *reinterpret_cast<const bool *>(p) ? 1 : 0; break;
+    }
+    for (std::size_t d = nd; d-- > 0;) {
+      if (++idx[d] < t.sizes[d])
+        break;
+      idx[d] = 0;
+    }
+  }
+  return true;
+}
+
+void describe(std::string &s, const TensorImpl &t) {
+  s += ",\"shape\":";
+  jsonInts(s, t.sizes);
+  s += ",\"strides\":";
+  jsonInts(s, t.strides);
+  s += ",\"contiguous\":";
+  s += t.is_contiguous() ? "true" : "false";
+  s += ",\"dtype\":\"";
+  s += toString(t.dtype);
+  s += "\",\"device\":\"";
+  s += toString(t.storage->device().type());
+  s += "\"";
+}
+
+struct Init {
+  Init() {
+    if (const char *p = std::getenv("TT_TRACE"); p && *p)
+      start(p);
+  }
+  ~Init() { stop(); }
+} g_init;
+} // namespace
+
+bool enabled() { return g_on; }
+
+bool start(const std::string &path) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_file)
+    std::fclose(g_file);
+  g_file = std::fopen(path.c_str(), "w");
+  g_on = g_file != nullptr;
+  if (g_file) {
+    std::string line = "{\"seq\":" + std::to_string(g_seq++) + ",\"ev\":\"start\",\"schema\":1}\n";
+    std::fwrite(line.data(), 1, line.size(), g_file);
+  }
+  return g_on;
+}
+
+void stop() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_on = false;
+  if (g_file) {
+    std::fclose(g_file);
+    g_file = nullptr;
+  }
+}
+
+void Scope::enter(const char *op, const SourceLocation &loc) {
+  if (t_depth++ == 0) {
+    t_loc = loc;
+    t_op = op;
+  }
+  active = true;
+}
+
+void Scope::leave() { --t_depth; }
+
+void alloc(const Storage &st) {
+  std::string s = head("alloc");
+  s += ",\"storage\":" + std::to_string(st.id()) + ",\"bytes\":" + std::to_string(st.nbytes()) + ",\"device\":\"" +
+       toString(st.device().type()) + "\"}";
+  emit(s);
+}
+
+void free(const Storage &st) {
+  std::string s = head("free");
+  s += ",\"storage\":" + std::to_string(st.id()) + ",\"bytes\":" + std::to_string(st.nbytes()) + ",\"device\":\"" +
+       toString(st.device().type()) + "\"}";
+  emit(s);
+}
+
+void copy(CopyKind kind, const TensorImpl &src, const TensorImpl &dst) {
+  std::string s = head("copy");
+  s += ",\"kind\":\"";
+  s += toString(kind);
+  s += "\",\"src_storage\":" + std::to_string(src.storage->id()) + ",\"dst_storage\":" +
+       std::to_string(dst.storage->id()) + ",\"src_tensor\":" + std::to_string(src.id) +
+       ",\"dst_tensor\":" + std::to_string(dst.id) +
+       ",\"bytes\":" + std::to_string(dst.numel() * static_cast<std::int64_t>(elementSize(dst.dtype))) +
+       ",\"src_device\":\"" + toString(src.storage->device().type()) + "\",\"dst_device\":\"" +
+       toString(dst.storage->device().type()) + "\"";
+  describe(s, dst);
+  s += "}";
+  emit(s);
+}
+
+void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after) {
+  std::string s = head("write");
+  s += ",\"write_op\":";
+  jsonString(s, op);
+  s += ",\"storage\":" + std::to_string(t.storage->id()) + ",\"tensor\":" + std::to_string(t.id) +
+       ",\"version_before\":" + std::to_string(before) + ",\"version_after\":" + std::to_string(after) +
+       ",\"storage_refs\":" + std::to_string(t.storage.use_count()) +
+       ",\"bytes\":" + std::to_string(t.numel() * static_cast<std::int64_t>(elementSize(t.dtype)));
+  double sum;
+  if (digest(t, sum)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", sum);
+    s += ",\"sum\":";
+    s += (sum == sum && sum - sum == 0) ? buf : "null";
+  }
+  describe(s, t);
+  s += "}";
+  emit(s);
+}
+
+namespace {
+void opLine(const char *name, std::initializer_list<const Tensor *> inputs, const std::vector<const Tensor *> &outs) {
+  if (t_depth > 1)
+    return; // only the user's call, not the ops it runs internally
+  std::string s = head("op");
+  s += ",\"name\":";
+  jsonString(s, name);
+  const semantics::OpInfo *info = semantics::lookup(name);
+  s += ",\"kind\":";
+  if (info)
+    jsonString(s, std::string(semantics::toString(info->storage)).c_str());
+  else
+    s += "null";
+  s += ",\"inputs\":[";
+  bool first = true;
+  for (const Tensor *t : inputs) {
+    if (!first)
+      s += ',';
+    first = false;
+    s += std::to_string(t->unsafeGetTensorImpl()->storage->id());
+  }
+  s += "],\"input_tensors\":[";
+  first = true;
+  for (const Tensor *t : inputs) {
+    if (!first)
+      s += ',';
+    first = false;
+    s += std::to_string(t->unsafeGetTensorImpl()->id);
+  }
+  s += "],\"outputs\":[";
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    s += (i ? "," : "") + std::to_string(outs[i]->unsafeGetTensorImpl()->storage->id());
+  s += "],\"output_tensors\":[";
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    s += (i ? "," : "") + std::to_string(outs[i]->unsafeGetTensorImpl()->id);
+  s += "]";
+  bool aliased = false;
+  if (inputs.size() && !outs.empty())
+    aliased = (*inputs.begin())->unsafeGetTensorImpl()->storage == outs[0]->unsafeGetTensorImpl()->storage;
+  s += ",\"aliases_input\":";
+  s += aliased ? "true" : "false";
+  bool same = inputs.size() && !outs.empty() && (*inputs.begin())->is_same(*outs[0]);
+  s += ",\"returns_self\":";
+  s += same ? "true" : "false";
+  if (!outs.empty())
+    describe(s, *outs[0]->unsafeGetTensorImpl());
+  s += "}";
+  emit(s);
+}
+} // namespace
+
+void op(const char *name, std::initializer_list<const Tensor *> inputs, const Tensor &out) {
+  opLine(name, inputs, {&out});
+}
+
+void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &outs) {
+  std::vector<const Tensor *> ps;
+  for (const Tensor &t : outs)
+    ps.push_back(&t);
+  opLine(name, {&input}, ps);
+}
+
+void error(const char *kind, const std::string &message) {
+  std::string s = head("error");
+  s += ",\"kind\":";
+  jsonString(s, kind);
+  s += ",\"message\":";
+  jsonString(s, message.c_str());
+  s += "}";
+  emit(s);
+}
+
+#else // !TT_WITH_TRACE
+
+bool enabled() { return false; }
+bool start(const std::string &) { return false; }
+void stop() {}
+void Scope::enter(const char *, const SourceLocation &) {}
+void Scope::leave() {}
+void alloc(const Storage &) {}
+void free(const Storage &) {}
+void copy(CopyKind, const TensorImpl &, const TensorImpl &) {}
+void write(const char *, const TensorImpl &, std::uint32_t, std::uint32_t) {}
+void op(const char *, std::initializer_list<const Tensor *>, const Tensor &) {}
+void opMulti(const char *, const Tensor &, const std::vector<Tensor> &) {}
+void error(const char *, const std::string &) {}
+
+#endif
+
+} // namespace tt::trace
