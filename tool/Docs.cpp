@@ -60,9 +60,14 @@ static std::string firstSentence(llvm::StringRef Para) {
 
 CheckDoc findCheckDoc(llvm::StringRef Check) {
   CheckDoc Doc;
+  // Compiler warnings: clang's diagnostics reference (-Wshadow -> #wshadow).
+  if (Check.consume_front("clang-diagnostic-")) {
+    Doc.HelpUri = ("https://clang.llvm.org/docs/DiagnosticsReference.html#w" + Check).str();
+    return Doc;
+  }
   // Stock clang-tidy checks are documented on clang.llvm.org:
   // bugprone-use-after-move -> checks/bugprone/use-after-move.html.
-  if (!Check.starts_with("tensor-") && !Check.starts_with("clang-diagnostic-")) {
+  if (!Check.starts_with("tensor-")) {
     auto [Module, Name] = Check.split('-');
     if (!Name.empty())
       Doc.HelpUri = ("https://clang.llvm.org/extra/clang-tidy/checks/" + Module + "/" + Name +
@@ -75,6 +80,12 @@ CheckDoc findCheckDoc(llvm::StringRef Check) {
     return Doc;
   llvm::SmallString<256> Path(docsDir());
   llvm::sys::path::append(Path, Check + ".md");
+#ifdef TT_DOCS_BASE_URL
+  if (llvm::StringRef(TT_DOCS_BASE_URL).size())
+    Doc.HelpUri = (llvm::StringRef(TT_DOCS_BASE_URL).rtrim('/') + "/" + Check + ".md").str();
+#endif
+  if (Doc.HelpUri.empty())
+    Doc.HelpUri = fileUri(Path);
   auto Buf = llvm::MemoryBuffer::getFile(Path, /*IsText=*/true);
   if (!Buf)
     return Doc;
@@ -82,12 +93,6 @@ CheckDoc findCheckDoc(llvm::StringRef Check) {
   Doc.Markdown = (*Buf)->getBuffer().str();
   Doc.Full = firstParagraph(Doc.Markdown);
   Doc.Short = firstSentence(Doc.Full);
-#ifdef TT_DOCS_BASE_URL
-  if (llvm::StringRef(TT_DOCS_BASE_URL).size())
-    Doc.HelpUri = (llvm::StringRef(TT_DOCS_BASE_URL).rtrim('/') + "/" + Check + ".md").str();
-#endif
-  if (Doc.HelpUri.empty())
-    Doc.HelpUri = fileUri(Doc.Path);
   return Doc;
 }
 

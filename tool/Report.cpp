@@ -144,6 +144,12 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
   for (const auto &E : Rep.Errors)
     if (!llvm::is_contained(RuleIds, E.DiagnosticName))
       RuleIds.push_back(E.DiagnosticName);
+  // A check that reports at error severity (by itself or promoted) has error
+  // as its default level.
+  std::set<std::string> ErrorRules = Rep.ErrorChecks;
+  for (const auto &E : Rep.Errors)
+    if (llvm::StringRef(levelName(E)) == "error")
+      ErrorRules.insert(E.DiagnosticName);
   llvm::StringMap<unsigned> RuleIndex;
   json::Array Rules;
   for (const std::string &Id : RuleIds) {
@@ -156,7 +162,7 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
                       {"shortDescription", json::Object{{"text", Short}}},
                       {"fullDescription", json::Object{{"text", Full}}},
                       {"defaultConfiguration",
-                       json::Object{{"level", Rep.ErrorChecks.count(Id) ? "error" : "warning"}}}};
+                       json::Object{{"level", ErrorRules.count(Id) ? "error" : "warning"}}}};
     if (!Doc.HelpUri.empty())
       Rule["helpUri"] = Doc.HelpUri;
     if (!Doc.Markdown.empty())

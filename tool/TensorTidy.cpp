@@ -62,7 +62,7 @@ static cl::opt<std::string> Output("output", cl::desc("Write the report to this 
                                    cl::value_desc("file"), cl::cat(Category));
 static cl::alias OutputShort("o", cl::desc("Alias for --output"), cl::aliasopt(Output),
                              cl::cat(Category));
-static cl::opt<unsigned> Jobs("j", cl::desc("Parallel workers (default: one per core)"),
+static cl::opt<unsigned> Jobs("j", cl::Prefix, cl::desc("Parallel workers (default: one per core)"),
                               cl::init(0), cl::cat(Category));
 static cl::opt<bool> Quiet("quiet", cl::desc("No progress or summary lines"), cl::cat(Category));
 static cl::opt<std::string> CacheDir("cache-dir",
