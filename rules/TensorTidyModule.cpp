@@ -4,6 +4,8 @@
 #include "ClangTidyModuleRegistry.h"
 
 #include "ViewNonContiguousCheck.h"
+#include "AliasThenMutateCheck.h"
+#include "InplaceOnDetachedCheck.h"
 
 namespace clang::tidy::tensor {
 
@@ -11,6 +13,8 @@ class TensorTidyModule : public ClangTidyModule {
 public:
   void addCheckFactories(ClangTidyCheckFactories &Factories) override {
     Factories.registerCheck<ViewNonContiguousCheck>("tensor-view-non-contiguous");
+    Factories.registerCheck<AliasThenMutateCheck>("tensor-alias-then-mutate");
+    Factories.registerCheck<InplaceOnDetachedCheck>("tensor-inplace-on-detached");
   }
 };
 

@@ -2,6 +2,7 @@
 
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
+#include "llvm/ADT/StringSwitch.h"
 
 namespace clang::tidy::tensor {
 
@@ -51,6 +52,56 @@ const sem::OpInfo *TensorModel::opOf(const CallExpr *Call) const {
   if (!isTensorExpr(Self))
     return nullptr;
   return sem::lookup(FD->getName());
+}
+
+const Expr *TensorModel::inPlaceTarget(const Expr *E) const {
+  E = E->IgnoreParenImpCasts();
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E)) {
+    if (OC->getNumArgs() != 2 || !isTensorExpr(OC->getArg(0)))
+      return nullptr;
+    switch (OC->getOperator()) {
+    case OO_PlusEqual:
+    case OO_MinusEqual:
+    case OO_StarEqual:
+    case OO_SlashEqual:
+    case OO_PercentEqual:
+    case OO_AmpEqual:
+    case OO_PipeEqual:
+    case OO_CaretEqual:
+    case OO_LessLessEqual:
+    case OO_GreaterGreaterEqual:
+      return OC->getArg(0);
+    case OO_Equal: {
+      // Only assignment to a temporary writes data; `b = a` rebinds b.
+      const Expr *L = OC->getArg(0)->IgnoreImplicit();
+      if (isa<CallExpr>(L) && !L->getType()->isReferenceType())
+        return OC->getArg(0);
+      return nullptr;
+    }
+    default:
+      return nullptr;
+    }
+  }
+  const auto *Call = dyn_cast<CallExpr>(E);
+  if (!Call || isa<CXXOperatorCallExpr>(Call))
+    return nullptr;
+  const auto *FD = Call->getDirectCallee();
+  if (!FD || !FD->getIdentifier() || !sem::isInPlaceName(FD->getName()))
+    return nullptr;
+  const Expr *Self = selfOf(Call);
+  if (!Self && !isa<CXXMemberCallExpr>(Call) && Call->getNumArgs())
+    Self = Call->getArg(0);
+  return isTensorExpr(Self) ? Self : nullptr;
+}
+
+bool TensorModel::isMetadataMethod(llvm::StringRef Name) {
+  return llvm::StringSwitch<bool>(Name)
+      .Cases("size", "sizes", "dim", "ndimension", "numel", "dtype", "scalar_type", true)
+      .Cases("device", "options", "is_contiguous", "strides", "stride", "defined", true)
+      .Cases("is_cuda", "is_cpu", "requires_grad", "element_size", "nbytes", "itemsize", true)
+      .Cases("storage_offset", "layout", "get_device", "is_floating_point", "sym_sizes", true)
+      .Cases("is_alias_of", "has_storage", "use_count", "is_leaf", "name", true)
+      .Default(false);
 }
 
 } // namespace clang::tidy::tensor

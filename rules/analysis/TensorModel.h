@@ -34,6 +34,16 @@ public:
 
   llvm::ArrayRef<std::string> typeNames() const { return Names; }
 
+  // The tensor expression an in-place write stores into, or nullptr when E is
+  // not one: table InPlace rows and every `*_` method (member or free function
+  // taking the tensor first), compound assignment operators, and assignment
+  // to a temporary handle (`a[0] = x`, `a.index(...) = x`: LibTorch's
+  // rvalue-qualified operator= copies into the storage).
+  const Expr *inPlaceTarget(const Expr *E) const;
+
+  // Methods that read only metadata (shape, dtype, device, flags), never data.
+  static bool isMetadataMethod(llvm::StringRef Name);
+
 private:
   llvm::SmallVector<std::string, 4> Names;
 };

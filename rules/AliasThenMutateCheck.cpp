@@ -1,0 +1,108 @@
+#include "AliasThenMutateCheck.h"
+
+#include "analysis/AliasAnalysis.h"
+#include "analysis/AliasCheckSupport.h"
+
+#include "clang/AST/ExprCXX.h"
+#include "llvm/ADT/DenseMap.h"
+
+using namespace clang::ast_matchers;
+
+namespace clang::tidy::tensor {
+
+AliasThenMutateCheck::AliasThenMutateCheck(StringRef Name, ClangTidyContext *Context)
+    : ClangTidyCheck(Name, Context),
+      TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
+      Model(TensorTypes) {}
+
+void AliasThenMutateCheck::storeOptions(ClangTidyOptions::OptionMap &Opts) {
+  Options.store(Opts, "TensorTypes", TensorTypes);
+}
+
+void AliasThenMutateCheck::registerMatchers(MatchFinder *Finder) {
+  registerBodyMatchers(Finder, this);
+}
+
+void AliasThenMutateCheck::onEndOfTranslationUnit() {
+  releaseAliasAnalysis();
+  Reported.clear();
+}
+
+// The handle the write also changes: a later read first, then an escape.
+static const AffectedHandle *pick(const WriteEvent &W) {
+  const AffectedHandle *Best = nullptr;
+  for (const AffectedHandle &A : W.Affected) {
+    if (!A.CrossedAlias || A.CrossedDetach)
+      continue;
+    if (!Best || (Best->Why != Exposure::ReadLater && A.Why == Exposure::ReadLater))
+      Best = &A;
+  }
+  return Best;
+}
+
+void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
+  const FunctionDecl *FD = matchedBody(Result);
+  if (!FD)
+    return;
+  ASTContext &Ctx = *Result.Context;
+  const FunctionAliasResult *R = aliasAnalysisFor(Model, Ctx).analyze(FD);
+  if (!R)
+    return;
+
+  // Writes through handles (not temporaries) that change another handle,
+  // counted per alias creation: several writes get one clone() there.
+  llvm::SmallVector<std::pair<const WriteEvent *, const AffectedHandle *>, 4> Found;
+  llvm::DenseMap<const Expr *, unsigned> PerSite;
+  for (const WriteEvent &W : R->Writes) {
+    if (!W.RootDecl)
+      continue;
+    if (const AffectedHandle *A = pick(W)) {
+      Found.push_back({&W, A});
+      ++PerSite[A->FirstAlias.Site];
+    }
+  }
+  llvm::sort(Found, [](const auto &L, const auto &Rr) {
+    return L.first->Write->getBeginLoc() < Rr.first->Write->getBeginLoc();
+  });
+  llvm::DenseSet<const Expr *> CloneOffered;
+  for (const auto &[W, A] : Found) {
+    SourceLocation Loc = W->Write->getExprLoc();
+    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(W->Write))
+      if (const auto *ME = dyn_cast<MemberExpr>(MC->getCallee()->IgnoreParenImpCasts()))
+        Loc = ME->getMemberLoc();
+    if (!Reported.insert(Loc).second)
+      continue;
+    const AliasEdge &E = A->FirstAlias;
+    std::string Op;
+    if (E.Kind == EdgeKind::MayAlias)
+      if (const auto *Call = dyn_cast_or_null<CallExpr>(E.Site))
+        if (const FunctionDecl *Callee = Call->getDirectCallee())
+          Op = Callee->getNameAsString();
+    {
+      auto D = diag(Loc, "%select{in-place '%1'|call to '%1', which writes its argument in place,}0 "
+                         "on '%2' %select{also changes|may also change}3 '%4'%select{, "
+                         "which shares its storage: copying a tensor handle does not copy data|: "
+                         "'%5' returns its input, not a copy, when it can}3")
+               << (W->Via != nullptr) << writeName(*W) << declName(W->RootDecl)
+               << (E.Kind == EdgeKind::MayAlias) << declName(A->Decl) << Op;
+      std::optional<llvm::SmallVector<FixItHint, 2>> Fix;
+      if (PerSite[E.Site] == 1 && isFullStatement(W->Write, FD->getBody()))
+        Fix = outOfPlaceFix(*W, Ctx);
+      if (!Fix && CloneOffered.insert(E.Site).second)
+        Fix = cloneFix(E, Ctx);
+      if (Fix)
+        for (const FixItHint &H : *Fix)
+          D << H;
+    }
+    if (E.Site)
+      diag(E.Site->getBeginLoc(),
+           E.Kind == EdgeKind::MayAlias
+               ? "'%0' may return its input here; use '.clone()' for an independent copy"
+               : "the handle is copied here, sharing storage; use '.clone()' to copy the data",
+           DiagnosticIDs::Note)
+          << Op;
+    diag(exposureLoc(*A), exposureNote(*A), DiagnosticIDs::Note);
+  }
+}
+
+} // namespace clang::tidy::tensor

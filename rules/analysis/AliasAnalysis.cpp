@@ -1,0 +1,878 @@
+#include "analysis/AliasAnalysis.h"
+
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/DeclCXX.h"
+#include "clang/AST/ExprCXX.h"
+#include "clang/AST/RecursiveASTVisitor.h"
+#include "clang/AST/StmtCXX.h"
+#include "clang/Analysis/CFG.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "clang/Basic/SourceManager.h"
+
+#include <algorithm>
+#include <deque>
+
+namespace clang::tidy::tensor {
+
+namespace {
+
+// Bodies larger than this are skipped: the analysis stays linear in practice.
+constexpr unsigned MaxBlocks = 4000;
+constexpr unsigned MaxVisits = 200000;
+
+using NodeSet = llvm::SmallVector<unsigned, 2>; // sorted, unique
+using State = llvm::DenseMap<const VarDecl *, NodeSet>;
+
+struct Node {
+  llvm::SmallVector<AliasEdge, 1> Parents;
+  const ValueDecl *Ext = nullptr; // parameter, member, global, captured, external
+  Exposure ExtWhy = Exposure::External;
+  int ParamIndex = -1;
+  const ValueDecl *EscapedDecl = nullptr; // set once stored / captured
+  const Stmt *EscapeSite = nullptr;
+};
+
+bool addToSet(NodeSet &S, unsigned N) {
+  auto It = std::lower_bound(S.begin(), S.end(), N);
+  if (It != S.end() && *It == N)
+    return false;
+  S.insert(It, N);
+  return true;
+}
+
+bool mergeInto(State &Into, const State &From) {
+  bool Changed = false;
+  for (const auto &[V, NS] : From) {
+    auto [It, New] = Into.try_emplace(V, NS);
+    if (New) {
+      Changed = true;
+      continue;
+    }
+    for (unsigned N : NS)
+      Changed |= addToSet(It->second, N);
+  }
+  return Changed;
+}
+
+// Strips what does not change which handle an expression denotes: implicit
+// casts, temporaries, parentheses, copy/move construction.
+const Expr *strip(const Expr *E) {
+  while (E) {
+    const Expr *Prev = E;
+    E = E->IgnoreParenImpCasts();
+    if (const auto *B = dyn_cast<CXXBindTemporaryExpr>(E))
+      E = B->getSubExpr();
+    else if (const auto *F = dyn_cast<CXXFunctionalCastExpr>(E))
+      E = F->getSubExpr();
+    else if (const auto *C = dyn_cast<CXXConstructExpr>(E)) {
+      const CXXConstructorDecl *Ctor = C->getConstructor();
+      if (Ctor && Ctor->isCopyOrMoveConstructor() && C->getNumArgs() >= 1)
+        E = C->getArg(0);
+    }
+    if (E == Prev)
+      break;
+  }
+  return E;
+}
+
+bool isStdMoveLike(const CallExpr *Call) {
+  const auto *FD = Call->getDirectCallee();
+  return FD && FD->getIdentifier() && FD->isInStdNamespace() && Call->getNumArgs() == 1 &&
+         (FD->getName() == "move" || FD->getName() == "forward");
+}
+
+bool isInNamespace(const Decl *D, llvm::ArrayRef<llvm::StringRef> Names) {
+  for (const DeclContext *C = D->getDeclContext(); C; C = C->getParent())
+    if (const auto *NS = dyn_cast<NamespaceDecl>(C))
+      if (NS->getIdentifier() && llvm::is_contained(Names, NS->getName()) &&
+          isa<TranslationUnitDecl>(NS->getParent()->getRedeclContext()))
+        return true;
+  return false;
+}
+
+// Arguments of a call, without the implicit object.
+llvm::ArrayRef<const Expr *> callArgs(const CallExpr *Call) {
+  llvm::ArrayRef<const Expr *> Args(Call->getArgs(), Call->getNumArgs());
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call))
+    if (isa_and_nonnull<CXXMethodDecl>(OC->getDirectCallee()) && !Args.empty())
+      return Args.drop_front();
+  return Args;
+}
+
+// `to(..., copy=true)` always copies.
+bool forcesCopy(const CallExpr *Call) {
+  const auto *FD = Call->getDirectCallee();
+  if (!FD)
+    return false;
+  llvm::ArrayRef<const Expr *> Args = callArgs(Call);
+  for (unsigned I = 0; I < FD->getNumParams() && I < Args.size(); ++I) {
+    const ParmVarDecl *P = FD->getParamDecl(I);
+    if (!P->getIdentifier() || P->getName() != "copy" || isa<CXXDefaultArgExpr>(Args[I]))
+      continue;
+    if (const auto *B = dyn_cast<CXXBoolLiteralExpr>(Args[I]->IgnoreImplicit()))
+      return B->getValue();
+    return true; // not a literal: it may copy; treat as a copy (stay silent)
+  }
+  return false;
+}
+
+class FunctionAnalyzer {
+public:
+  FunctionAnalyzer(AliasAnalysis &AA, const TensorModel &M, const FunctionDecl *FD)
+      : AA(AA), M(M), FD(FD), Ctx(AA.context()) {}
+
+  bool run(FunctionAliasResult &Result, FunctionSummary &Summary);
+
+private:
+  bool isTracked(const VarDecl *VD) const {
+    return VD && VD->isLocalVarDeclOrParm() && !VD->isStaticLocal() &&
+           VD->getParentFunctionOrMethod() == FD && M.isTensorType(VD->getType());
+  }
+  const VarDecl *resolve(const VarDecl *VD) const {
+    for (unsigned I = 0; I < 8; ++I) {
+      auto It = RefTarget.find(VD);
+      if (It == RefTarget.end())
+        break;
+      VD = It->second;
+    }
+    return VD;
+  }
+  const VarDecl *trackedVarOf(const Expr *E) const {
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(E->IgnoreParenImpCasts()))
+      if (const auto *VD = dyn_cast<VarDecl>(DRE->getDecl()))
+        if (isTracked(VD))
+          return resolve(VD);
+    return nullptr;
+  }
+
+  unsigned nodeFor(const void *Key) {
+    auto [It, New] = NodeOf.try_emplace(Key, Nodes.size());
+    if (New)
+      Nodes.emplace_back();
+    return It->second;
+  }
+  unsigned extNode(const ValueDecl *D, Exposure Why) {
+    unsigned N = nodeFor(D);
+    Nodes[N].Ext = D;
+    Nodes[N].ExtWhy = Why;
+    return N;
+  }
+  void addParent(unsigned N, unsigned P, EdgeKind K, const Expr *Site) {
+    for (const AliasEdge &E : Nodes[N].Parents)
+      if (E.Parent == P && E.Kind == K)
+        return;
+    Nodes[N].Parents.push_back({P, K, Site});
+  }
+  NodeSet derived(const Expr *Key, EdgeKind K, const NodeSet &From, const Expr *Site) {
+    unsigned N = nodeFor(Key);
+    for (unsigned P : From)
+      if (P != N)
+        addParent(N, P, K, Site);
+    return {N};
+  }
+  NodeSet fresh(const void *Key) { return {nodeFor(Key)}; }
+
+  NodeSet valueNodes(const Expr *E, const State &S);
+  NodeSet copyOf(const Expr *E, const void *Key, const State &S);
+  const FunctionSummary *calleeSummary(const CallExpr *Call) const;
+  void transfer(const Stmt *St, State &S);
+  void markEscaped(const NodeSet &NS, const ValueDecl *D, const Stmt *Site) {
+    for (unsigned N : NS)
+      if (!Nodes[N].EscapeSite) {
+        Nodes[N].EscapeSite = Site;
+        Nodes[N].EscapedDecl = D;
+      }
+  }
+  void recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via,
+                   const State &S, unsigned Block, unsigned Index, FunctionAliasResult &R,
+                   FunctionSummary &Sum);
+  const Stmt *laterRead(const VarDecl *V, unsigned Block, unsigned Index) const;
+  void collectNonReads();
+
+  AliasAnalysis &AA;
+  const TensorModel &M;
+  const FunctionDecl *FD;
+  ASTContext &Ctx;
+  std::unique_ptr<CFG> Cfg;
+  std::vector<Node> Nodes;
+  llvm::DenseMap<const void *, unsigned> NodeOf;
+  llvm::DenseMap<const VarDecl *, const VarDecl *> RefTarget;
+  llvm::DenseSet<const DeclRefExpr *> NonReads;
+  std::vector<std::pair<unsigned, unsigned>> Children; // flattened (child, edge index)
+  std::vector<unsigned> ChildBegin;
+  // Returned node sets, for the summary.
+  llvm::SmallVector<NodeSet, 2> Returns;
+  bool UnknownReturn = false;
+};
+
+const FunctionSummary *FunctionAnalyzer::calleeSummary(const CallExpr *Call) const {
+  if (isa<CXXOperatorCallExpr>(Call))
+    return nullptr;
+  const FunctionDecl *Callee = Call->getDirectCallee();
+  if (!Callee || Callee == FD)
+    return nullptr;
+  return AA.summary(Callee);
+}
+
+NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
+  E = strip(E);
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
+    const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
+    if (!VD || !M.isTensorType(VD->getType()))
+      return fresh(E);
+    if (isTracked(VD)) {
+      auto It = S.find(resolve(VD));
+      return It == S.end() ? NodeSet{} : It->second;
+    }
+    if (VD->hasGlobalStorage())
+      return {extNode(VD, Exposure::Global)};
+    return {extNode(VD, Exposure::Captured)};
+  }
+  if (const auto *ME = dyn_cast<MemberExpr>(E)) {
+    if (const auto *Field = dyn_cast<FieldDecl>(ME->getMemberDecl()))
+      return {extNode(Field, Exposure::Member)};
+    if (const auto *VD = dyn_cast<VarDecl>(ME->getMemberDecl()))
+      return {extNode(VD, Exposure::Global)};
+    return fresh(E);
+  }
+  const auto *Call = dyn_cast<CallExpr>(E);
+  if (!Call)
+    return fresh(E);
+  if (isStdMoveLike(Call))
+    return valueNodes(Call->getArg(0), S);
+  if (const Expr *T = M.inPlaceTarget(Call))
+    return valueNodes(T, S); // in-place ops return self
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
+    // Integer indexing is a view; indexing with a tensor copies.
+    if (OC->getOperator() == OO_Subscript && OC->getNumArgs() == 2 &&
+        M.isTensorExpr(OC->getArg(0)) && !M.isTensorExpr(OC->getArg(1)))
+      return derived(E, EdgeKind::View, valueNodes(OC->getArg(0), S), E);
+    return fresh(E);
+  }
+  if (const sem::OpInfo *Op = M.opOf(Call)) {
+    const Expr *Self = TensorModel::selfOf(Call);
+    if (!Self)
+      Self = Call->getArg(0);
+    switch (Op->storage) {
+    case sem::Storage::View:
+      return derived(E, EdgeKind::View, valueNodes(Self, S), E);
+    case sem::Storage::MayAlias:
+      if (forcesCopy(Call))
+        return fresh(E);
+      return derived(E, EdgeKind::MayAlias, valueNodes(Self, S), E);
+    case sem::Storage::Detach:
+      return derived(E, Op->name == "detach" ? EdgeKind::Detach : EdgeKind::Data,
+                     valueNodes(Self, S), E);
+    default:
+      return fresh(E);
+    }
+  }
+  if (const FunctionSummary *Sum = calleeSummary(Call)) {
+    llvm::ArrayRef<const Expr *> Args = callArgs(Call);
+    if (Sum->ReturnsParam >= 0 && unsigned(Sum->ReturnsParam) < Args.size())
+      return derived(E, Sum->ReturnKind, valueNodes(Args[Sum->ReturnsParam], S), E);
+  }
+  return fresh(E);
+}
+
+NodeSet FunctionAnalyzer::copyOf(const Expr *E, const void *Key, const State &S) {
+  const Expr *Src = strip(E);
+  if (isa<DeclRefExpr, MemberExpr>(Src)) {
+    unsigned N = nodeFor(Key);
+    for (unsigned P : valueNodes(Src, S))
+      if (P != N)
+        addParent(N, P, EdgeKind::Copy, Src);
+    return {N};
+  }
+  return valueNodes(E, S);
+}
+
+void FunctionAnalyzer::transfer(const Stmt *St, State &S) {
+  if (const auto *DS = dyn_cast<DeclStmt>(St)) {
+    for (const Decl *D : DS->decls()) {
+      const auto *VD = dyn_cast<VarDecl>(D);
+      if (!isTracked(VD))
+        continue;
+      const Expr *Init = VD->getInit();
+      if (VD->getType()->isReferenceType()) {
+        if (!Init)
+          continue;
+        const Expr *Src = strip(Init);
+        if (const VarDecl *Target = trackedVarOf(Src)) {
+          if (Target != VD)
+            RefTarget[VD] = Target;
+        } else if (isa<MemberExpr, DeclRefExpr>(Src) ||
+                   isa<MaterializeTemporaryExpr>(Init->IgnoreParens()) ||
+                   isa<MaterializeTemporaryExpr>(Init->IgnoreImplicit())) {
+          S[VD] = valueNodes(Init, S);
+        } else {
+          S[VD] = {extNode(VD, Exposure::External)};
+        }
+        continue;
+      }
+      S[VD] = Init ? copyOf(Init, VD, S) : fresh(VD);
+    }
+    return;
+  }
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(St)) {
+    if (OC->getOperator() != OO_Equal || OC->getNumArgs() != 2 || !M.isTensorExpr(OC->getArg(0)) ||
+        M.inPlaceTarget(OC))
+      return;
+    const Expr *L = OC->getArg(0)->IgnoreParenImpCasts();
+    if (const VarDecl *V = trackedVarOf(L)) {
+      NodeSet NS = copyOf(OC->getArg(1), OC, S);
+      if (isa<ParmVarDecl>(V) && V->getType()->isReferenceType())
+        markEscaped(NS, V, OC); // the caller's handle now holds it
+      S[V] = std::move(NS);
+      return;
+    }
+    if (const auto *ME = dyn_cast<MemberExpr>(L)) {
+      markEscaped(valueNodes(OC->getArg(1), S), ME->getMemberDecl(), OC);
+      return;
+    }
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(L))
+      markEscaped(valueNodes(OC->getArg(1), S), DRE->getDecl(), OC);
+    return;
+  }
+  if (const auto *LE = dyn_cast<LambdaExpr>(St)) {
+    for (const LambdaCapture &C : LE->captures()) {
+      if (!C.capturesVariable())
+        continue;
+      const auto *VD = dyn_cast<VarDecl>(C.getCapturedVar());
+      if (!isTracked(VD))
+        continue;
+      auto It = S.find(resolve(VD));
+      if (It != S.end())
+        markEscaped(It->second, VD, LE);
+    }
+    return;
+  }
+}
+
+void FunctionAnalyzer::collectNonReads() {
+  for (const CFGBlock *B : *Cfg)
+    for (const CFGElement &El : *B) {
+      auto CS = El.getAs<CFGStmt>();
+      if (!CS)
+        continue;
+      const Stmt *St = CS->getStmt();
+      if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(St)) {
+        if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2 && !M.inPlaceTarget(OC))
+          if (const auto *DRE = dyn_cast<DeclRefExpr>(OC->getArg(0)->IgnoreParenImpCasts()))
+            NonReads.insert(DRE);
+      } else if (const auto *MC = dyn_cast<CXXMemberCallExpr>(St)) {
+        const auto *MD = MC->getMethodDecl();
+        if (MD && MD->getIdentifier() && TensorModel::isMetadataMethod(MD->getName()))
+          if (const Expr *Obj = MC->getImplicitObjectArgument())
+            if (const auto *DRE = dyn_cast<DeclRefExpr>(Obj->IgnoreParenImpCasts()))
+              NonReads.insert(DRE);
+      }
+    }
+}
+
+// The first read of V after element Index of Block, on some path, before V
+// is redefined; nullptr when there is none.
+const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsigned Index) const {
+  llvm::SmallVector<std::pair<const CFGBlock *, unsigned>, 16> Work;
+  llvm::DenseSet<const CFGBlock *> Seen;
+  const CFGBlock *Start = nullptr;
+  for (const CFGBlock *B : *Cfg)
+    if (B->getBlockID() == Block)
+      Start = B;
+  if (!Start)
+    return nullptr;
+  Work.push_back({Start, Index + 1});
+  unsigned Visits = 0;
+  while (!Work.empty()) {
+    auto [B, From] = Work.pop_back_val();
+    bool Killed = false;
+    for (unsigned I = From; I < B->size() && !Killed; ++I) {
+      if (++Visits > MaxVisits)
+        return nullptr;
+      auto CS = (*B)[I].getAs<CFGStmt>();
+      if (!CS)
+        continue;
+      const Stmt *St = CS->getStmt();
+      if (const auto *DRE = dyn_cast<DeclRefExpr>(St)) {
+        const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
+        if (VD && isTracked(VD) && resolve(VD) == V && !NonReads.contains(DRE))
+          return DRE;
+      } else if (const auto *DS = dyn_cast<DeclStmt>(St)) {
+        for (const Decl *D : DS->decls())
+          Killed |= D == V;
+      } else if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(St)) {
+        if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2 && !M.inPlaceTarget(OC))
+          Killed |= trackedVarOf(OC->getArg(0)) == V;
+      } else if (const auto *LE = dyn_cast<LambdaExpr>(St)) {
+        for (const LambdaCapture &C : LE->captures())
+          if (C.capturesVariable() && C.getCapturedVar() == V)
+            return LE;
+      }
+    }
+    if (Killed)
+      continue;
+    for (const CFGBlock *Succ : B->succs())
+      if (Succ && Seen.insert(Succ).second)
+        Work.push_back({Succ, 0});
+  }
+  return nullptr;
+}
+
+void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via,
+                                   const State &S, unsigned Block, unsigned Index,
+                                   FunctionAliasResult &R, FunctionSummary &Sum) {
+  WriteEvent W;
+  W.Write = Write;
+  W.Target = Target;
+  W.Via = Via;
+  // Explicit views of a handle write that handle: find the root.
+  const Expr *Root = strip(Target);
+  while (const auto *Call = dyn_cast<CallExpr>(Root)) {
+    const Expr *Self = nullptr;
+    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
+      if (OC->getOperator() == OO_Subscript && OC->getNumArgs() == 2 &&
+          !M.isTensorExpr(OC->getArg(1)))
+        Self = OC->getArg(0);
+    } else if (const sem::OpInfo *Op = M.opOf(Call); Op && Op->storage == sem::Storage::View) {
+      Self = TensorModel::selfOf(Call);
+      if (!Self)
+        Self = Call->getArg(0);
+    }
+    if (!Self)
+      break;
+    Root = strip(Self);
+  }
+  W.Root = Root;
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(Root)) {
+    const ValueDecl *D = DRE->getDecl();
+    if (const auto *VD = dyn_cast<VarDecl>(D); VD && isTracked(VD))
+      D = resolve(VD);
+    W.RootDecl = D;
+  } else if (const auto *ME = dyn_cast<MemberExpr>(Root)) {
+    W.RootDecl = ME->getMemberDecl();
+  }
+  W.Direct = W.RootDecl && Root == strip(Target);
+
+  NodeSet Start = valueNodes(Target, S);
+  if (Start.size() != 1)
+    return;
+  // Children lists, rebuilt when nodes were added since.
+  if (ChildBegin.size() != Nodes.size() + 1) {
+    ChildBegin.assign(Nodes.size() + 1, 0);
+    for (const Node &N : Nodes)
+      for (const AliasEdge &E : N.Parents)
+        ++ChildBegin[E.Parent + 1];
+    for (unsigned I = 1; I < ChildBegin.size(); ++I)
+      ChildBegin[I] += ChildBegin[I - 1];
+    Children.assign(ChildBegin.back(), {0, 0});
+    std::vector<unsigned> Fill(ChildBegin.begin(), ChildBegin.end() - 1);
+    for (unsigned C = 0; C < Nodes.size(); ++C)
+      for (unsigned EI = 0; EI < Nodes[C].Parents.size(); ++EI)
+        Children[Fill[Nodes[C].Parents[EI].Parent]++] = {C, EI};
+  }
+
+  struct Item {
+    unsigned N;
+    bool A, D;
+    AliasEdge FA, FD;
+  };
+  // Visited per node and flag combination (alias crossed, detach crossed).
+  std::vector<uint8_t> Seen(Nodes.size(), 0);
+  std::vector<Item> Reached;
+  std::deque<Item> Work;
+  auto Push = [&](Item I) {
+    uint8_t Bit = 1u << ((I.A ? 1 : 0) | (I.D ? 2 : 0));
+    if (Seen[I.N] & Bit)
+      return;
+    Seen[I.N] |= Bit;
+    Work.push_back(I);
+  };
+  Push({Start[0], false, false, {}, {}});
+  auto Cross = [](Item I, unsigned To, const AliasEdge &E) {
+    I.N = To;
+    if (E.Kind == EdgeKind::Copy || E.Kind == EdgeKind::MayAlias) {
+      if (!I.A)
+        I.FA = E;
+      I.A = true;
+    } else if (E.Kind == EdgeKind::Detach || E.Kind == EdgeKind::Data) {
+      if (!I.D)
+        I.FD = E;
+      I.D = true;
+    }
+    return I;
+  };
+  while (!Work.empty()) {
+    Item I = Work.front();
+    Work.pop_front();
+    if (Nodes[I.N].ParamIndex >= 0)
+      Sum.MutatesParam[Nodes[I.N].ParamIndex] = true;
+    if (I.A || I.D)
+      Reached.push_back(I);
+    for (const AliasEdge &E : Nodes[I.N].Parents)
+      Push(Cross(I, E.Parent, E));
+    for (unsigned K = ChildBegin[I.N]; K < ChildBegin[I.N + 1]; ++K) {
+      auto [C, EI] = Children[K];
+      const AliasEdge &E = Nodes[C].Parents[EI];
+      if (E.Kind == EdgeKind::Detach || E.Kind == EdgeKind::Data)
+        continue; // writing the source of a detach is what detach is for
+      Push(Cross(I, C, E));
+    }
+  }
+  if (Reached.empty())
+    return;
+
+  auto Find = [&](unsigned N, bool WantDetach) -> const Item * {
+    for (const Item &I : Reached)
+      if (I.N == N && I.D == WantDetach && (I.A || I.D))
+        return &I;
+    return nullptr;
+  };
+  auto Add = [&](const ValueDecl *D, Exposure Why, const Stmt *Where, const Item &I) {
+    for (const AffectedHandle &A : W.Affected)
+      if (A.Decl == D && A.CrossedDetach == I.D)
+        return;
+    AffectedHandle A;
+    A.Decl = D;
+    A.Why = Why;
+    A.Where = Where;
+    A.CrossedAlias = I.A;
+    A.CrossedDetach = I.D;
+    A.FirstAlias = I.FA;
+    A.FirstDetach = I.FD;
+    W.Affected.push_back(A);
+  };
+  // Local handles that certainly hold an affected node and are read later.
+  for (bool WantDetach : {false, true}) {
+    for (const auto &[V, NS] : S) {
+      if (NS.empty() || V == W.RootDecl)
+        continue;
+      const Item *First = nullptr;
+      bool All = true;
+      for (unsigned N : NS) {
+        const Item *I = Find(N, WantDetach);
+        if (!I) {
+          All = false;
+          break;
+        }
+        if (!First)
+          First = I;
+      }
+      if (!All || !First)
+        continue;
+      if (const Stmt *Read = laterRead(V, Block, Index))
+        Add(V, Exposure::ReadLater, Read, *First);
+    }
+    // Storage owned outside this function.
+    for (const Item &I : Reached) {
+      if (I.D != WantDetach)
+        continue;
+      const Node &N = Nodes[I.N];
+      if (N.Ext && N.Ext != W.RootDecl)
+        Add(N.Ext, N.ExtWhy, nullptr, I);
+      else if (N.EscapeSite && N.EscapedDecl != W.RootDecl)
+        Add(N.EscapedDecl, Exposure::Stored, N.EscapeSite, I);
+    }
+  }
+  R.Writes.push_back(std::move(W));
+}
+
+bool FunctionAnalyzer::run(FunctionAliasResult &Result, FunctionSummary &Summary) {
+  const Stmt *Body = FD->getBody();
+  if (!Body)
+    return false;
+  CFG::BuildOptions Opts;
+  Opts.AddImplicitDtors = false;
+  Opts.AddTemporaryDtors = false;
+  Opts.AddLifetime = false;
+  Opts.AddInitializers = false;
+  Opts.setAllAlwaysAdd();
+  Cfg = CFG::buildCFG(FD, const_cast<Stmt *>(Body), &Ctx, Opts);
+  if (!Cfg || Cfg->getNumBlockIDs() > MaxBlocks)
+    return false;
+
+  Summary.MutatesParam.assign(FD->getNumParams(), false);
+  State Entry;
+  for (unsigned I = 0; I < FD->getNumParams(); ++I) {
+    const ParmVarDecl *P = FD->getParamDecl(I);
+    if (!isTracked(P))
+      continue;
+    unsigned N = extNode(P, Exposure::Parameter);
+    Nodes[N].ParamIndex = I;
+    Entry[P] = {N};
+  }
+
+  // Forward fixpoint over the blocks.
+  std::vector<State> In(Cfg->getNumBlockIDs());
+  std::vector<bool> Reached(Cfg->getNumBlockIDs(), false), Queued(Cfg->getNumBlockIDs(), false);
+  std::deque<const CFGBlock *> Work;
+  const CFGBlock &EntryB = Cfg->getEntry();
+  In[EntryB.getBlockID()] = Entry;
+  Reached[EntryB.getBlockID()] = true;
+  Work.push_back(&EntryB);
+  unsigned Steps = 0;
+  while (!Work.empty()) {
+    const CFGBlock *B = Work.front();
+    Work.pop_front();
+    Queued[B->getBlockID()] = false;
+    if (++Steps > 50 * Cfg->getNumBlockIDs() + 100)
+      return false; // not converging in reasonable time: say nothing
+    State S = In[B->getBlockID()];
+    for (const CFGElement &El : *B)
+      if (auto CS = El.getAs<CFGStmt>())
+        transfer(CS->getStmt(), S);
+    for (const CFGBlock *Succ : B->succs()) {
+      if (!Succ)
+        continue;
+      unsigned Id = Succ->getBlockID();
+      bool Changed = mergeInto(In[Id], S) || !Reached[Id];
+      Reached[Id] = true;
+      if (Changed && !Queued[Id]) {
+        Queued[Id] = true;
+        Work.push_back(Succ);
+      }
+    }
+  }
+
+  // Replay each block from its fixpoint state and record the writes.
+  collectNonReads();
+  for (const CFGBlock *B : *Cfg) {
+    if (!Reached[B->getBlockID()])
+      continue;
+    State S = In[B->getBlockID()];
+    for (unsigned I = 0; I < B->size(); ++I) {
+      auto CS = (*B)[I].getAs<CFGStmt>();
+      if (!CS)
+        continue;
+      const Stmt *St = CS->getStmt();
+      if (const auto *E = dyn_cast<Expr>(St)) {
+        if (const Expr *T = M.inPlaceTarget(E)) {
+          recordWrite(E, T, nullptr, S, B->getBlockID(), I, Result, Summary);
+        } else if (const auto *Call = dyn_cast<CallExpr>(E)) {
+          if (const FunctionSummary *Sum = calleeSummary(Call)) {
+            llvm::ArrayRef<const Expr *> Args = callArgs(Call);
+            for (unsigned A = 0; A < Args.size() && A < Sum->MutatesParam.size(); ++A)
+              if (Sum->MutatesParam[A] && M.isTensorExpr(Args[A]))
+                recordWrite(E, Args[A], Call->getDirectCallee(), S, B->getBlockID(), I, Result,
+                            Summary);
+          }
+        }
+      } else if (const auto *RS = dyn_cast<ReturnStmt>(St)) {
+        if (RS->getRetValue() && M.isTensorExpr(RS->getRetValue()))
+          Returns.push_back(valueNodes(RS->getRetValue(), S));
+        else
+          UnknownReturn = true;
+      }
+      transfer(St, S);
+    }
+  }
+
+  // Summary: every return an alias of the same parameter.
+  int Param = -1;
+  EdgeKind Kind = EdgeKind::Copy;
+  bool Ok = !Returns.empty() && !UnknownReturn;
+  for (const NodeSet &NS : Returns) {
+    if (!Ok || NS.size() != 1) {
+      Ok = false;
+      break;
+    }
+    unsigned N = NS[0];
+    EdgeKind K = EdgeKind::Copy;
+    for (unsigned Depth = 0; Nodes[N].ParamIndex < 0 && Depth < 64; ++Depth) {
+      if (Nodes[N].Parents.size() != 1) {
+        Ok = false;
+        break;
+      }
+      const AliasEdge &E = Nodes[N].Parents[0];
+      if (E.Kind == EdgeKind::View || K == EdgeKind::View)
+        K = EdgeKind::View;
+      else if (E.Kind == EdgeKind::Detach || E.Kind == EdgeKind::Data || K == EdgeKind::Detach)
+        K = EdgeKind::Detach;
+      else if (E.Kind == EdgeKind::MayAlias)
+        K = EdgeKind::MayAlias;
+      N = E.Parent;
+    }
+    if (!Ok || Nodes[N].ParamIndex < 0 || (Param >= 0 && Param != Nodes[N].ParamIndex)) {
+      Ok = false;
+      break;
+    }
+    Param = Nodes[N].ParamIndex;
+    if (K == EdgeKind::View || Kind == EdgeKind::View)
+      Kind = EdgeKind::View;
+    else if (K == EdgeKind::Detach || Kind == EdgeKind::Detach)
+      Kind = EdgeKind::Detach;
+    else if (K == EdgeKind::MayAlias)
+      Kind = EdgeKind::MayAlias;
+  }
+  if (Ok) {
+    Summary.ReturnsParam = Param;
+    Summary.ReturnKind = Kind;
+  }
+  return true;
+}
+
+// Cheap pre-filter: does the body write a tensor in place, or call a
+// function of this TU that may?
+class WriteFinder : public RecursiveASTVisitor<WriteFinder> {
+public:
+  explicit WriteFinder(const TensorModel &M) : M(M) {}
+  bool Found = false;
+  bool shouldVisitLambdaBody() const { return false; }
+  bool VisitExpr(Expr *E) {
+    if (M.inPlaceTarget(E)) {
+      Found = true;
+      return false;
+    }
+    if (const auto *Call = dyn_cast<CallExpr>(E))
+      if (const FunctionDecl *Callee = Call->getDirectCallee(); Callee && Callee->hasBody())
+        for (const Expr *A : Call->arguments())
+          if (M.isTensorExpr(A)) {
+            Found = true;
+            return false;
+          }
+    return true;
+  }
+
+private:
+  const TensorModel &M;
+};
+
+} // namespace
+
+bool isTensorLibraryCode(const Decl *D) {
+  return D->isInStdNamespace() || isInNamespace(D, {"tt", "at", "c10", "torch"});
+}
+
+namespace {
+bool summarisable(const FunctionDecl *FD, const TensorModel &M, ASTContext &Ctx) {
+  if (FD->isDependentContext() || Ctx.getSourceManager().isInSystemHeader(FD->getLocation()))
+    return false;
+  if (const auto *MD = dyn_cast<CXXMethodDecl>(FD)) {
+    if (MD->isVirtual())
+      return false;
+    if (M.isTensorType(Ctx.getRecordType(MD->getParent())))
+      return false;
+  }
+  if (isTensorLibraryCode(FD))
+    return false;
+  return llvm::any_of(FD->parameters(),
+                      [&](const ParmVarDecl *P) { return M.isTensorType(P->getType()); });
+}
+
+} // namespace
+
+AliasAnalysis::AliasAnalysis(const TensorModel &Model, ASTContext &Ctx) : Model(Model), Ctx(Ctx) {}
+AliasAnalysis::~AliasAnalysis() = default;
+
+AliasAnalysis::Cached &AliasAnalysis::run(const FunctionDecl *FD) {
+  Cached &C = Cache[FD];
+  if (C.Done)
+    return C;
+  InProgress[FD] = true;
+  auto Result = std::make_unique<FunctionAliasResult>();
+  auto Summary = std::make_unique<FunctionSummary>();
+  FunctionAnalyzer FA(*this, Model, FD);
+  bool Ok = FA.run(*Result, *Summary);
+  InProgress.erase(FD);
+  Cached &C2 = Cache[FD]; // the map may have grown during the run
+  C2.Done = true;
+  if (Ok) {
+    C2.Result = std::move(Result);
+    C2.Summary = std::move(Summary);
+  }
+  return C2;
+}
+
+const FunctionAliasResult *AliasAnalysis::analyze(const FunctionDecl *FD) {
+  if (!FD || !FD->hasBody() || FD->isDependentContext() || !FD->doesThisDeclarationHaveABody())
+    return nullptr;
+  auto It = Cache.find(FD);
+  if (It == Cache.end() || !It->second.Done) {
+    WriteFinder WF(Model);
+    WF.TraverseStmt(FD->getBody());
+    if (!WF.Found)
+      return nullptr;
+  }
+  return run(FD).Result.get();
+}
+
+const FunctionSummary *AliasAnalysis::summary(const FunctionDecl *FD) {
+  const FunctionDecl *Def = nullptr;
+  if (!FD || !FD->hasBody(Def) || !Def || InProgress.count(Def))
+    return nullptr;
+  if (!summarisable(Def, Model, Ctx))
+    return nullptr;
+  return run(Def).Summary.get();
+}
+
+namespace {
+struct SharedInstance {
+  ASTContext *Ctx = nullptr;
+  std::string Types;
+  std::unique_ptr<AliasAnalysis> AA;
+};
+llvm::SmallVector<SharedInstance, 2> &instances() {
+  static llvm::SmallVector<SharedInstance, 2> I;
+  return I;
+}
+} // namespace
+
+AliasAnalysis &aliasAnalysisFor(const TensorModel &Model, ASTContext &Ctx) {
+  std::string Types = llvm::join(Model.typeNames(), ";");
+  for (SharedInstance &I : instances())
+    if (I.Ctx == &Ctx && I.Types == Types)
+      return *I.AA;
+  instances().push_back({&Ctx, Types, std::make_unique<AliasAnalysis>(Model, Ctx)});
+  return *instances().back().AA;
+}
+
+void releaseAliasAnalysis() { instances().clear(); }
+
+namespace {
+bool isNoGradGuardDecl(const Stmt *St) {
+  const auto *DS = dyn_cast<DeclStmt>(St);
+  if (!DS)
+    return false;
+  for (const Decl *D : DS->decls()) {
+    const auto *VD = dyn_cast<VarDecl>(D);
+    if (!VD)
+      continue;
+    const auto *RD = VD->getType()->getAsCXXRecordDecl();
+    if (!RD || !RD->getIdentifier())
+      continue;
+    llvm::StringRef N = RD->getName();
+    if (N == "NoGradGuard" || N == "InferenceMode")
+      return true;
+    if (N == "AutoGradMode")
+      if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(VD->getInit()))
+        if (CE->getNumArgs() == 1)
+          if (const auto *B = dyn_cast<CXXBoolLiteralExpr>(CE->getArg(0)->IgnoreImplicit()))
+            return !B->getValue();
+  }
+  return false;
+}
+
+// 1: found under a guard, 0: found without, -1: not in this subtree.
+int findUnderGuard(const Stmt *Cur, const Stmt *Target, bool Active) {
+  if (!Cur)
+    return -1;
+  if (Cur == Target)
+    return Active ? 1 : 0;
+  if (isa<LambdaExpr>(Cur))
+    return -1;
+  bool Local = Active;
+  for (const Stmt *Child : Cur->children()) {
+    int R = findUnderGuard(Child, Target, Local);
+    if (R >= 0)
+      return R;
+    if (isa<CompoundStmt>(Cur) && isNoGradGuardDecl(Child))
+      Local = true;
+  }
+  return -1;
+}
+} // namespace
+
+bool isUnderNoGrad(const Stmt *S, const Stmt *Body) { return findUnderGuard(Body, S, false) == 1; }
+
+} // namespace clang::tidy::tensor
