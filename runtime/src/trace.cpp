@@ -72,7 +72,7 @@ void emit(std::string &s) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_file)
     return;
-  std::string line = "{\"seq\":" + std::to_string(g_seq++) + "," + s.substr(1) + "}\n";
+  std::string line = "{\"seq\":" + std::to_string(g_seq++) + "," + s.substr(1) + "\n"; // s ends with its "}"
   std::fwrite(line.data(), 1, line.size(), g_file);
 }
 

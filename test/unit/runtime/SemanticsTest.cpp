@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 using namespace tt::indexing;
@@ -283,6 +284,13 @@ TEST(Trace, WritesEventsWithLocations) {
     EXPECT_NE(all.find("\"ev\":\"copy\",\"op\":\"reshape\""), std::string::npos);
     EXPECT_NE(all.find("\"kind\":\"reshape\""), std::string::npos);
     EXPECT_NE(all.find("\"name\":\"t\",\"kind\":\"view\""), std::string::npos);
+    // One flat JSON object per line.
+    std::istringstream lines(all);
+    for (std::string l; std::getline(lines, l);) {
+      EXPECT_EQ(l.front(), '{');
+      EXPECT_EQ(l.back(), '}');
+      EXPECT_NE(l.substr(l.size() - 2), "}}") << l;
+    }
   }
   std::remove(path.c_str());
 }
