@@ -145,15 +145,34 @@ bool hasOperator(const CXXRecordDecl *RD, OverloadedOperatorKind K, ASTContext &
   return NS && !NS->lookup(Name).empty();
 }
 
-// "at::MemoryFormat" or "tt::MemoryFormat" when the handle's namespace has
-// one and `clone` takes it.
+// The enum `clone` takes ("c10::MemoryFormat", "tt::MemoryFormat"), read
+// from its parameter type, optional<> or not.
 std::optional<std::string> memoryFormatSpelling(const CXXRecordDecl *RD, ASTContext &Ctx) {
-  if (!RD || !hasMember(RD, &Ctx.Idents.get("clone"), 1))
-    return std::nullopt;
-  const auto *NS = dyn_cast<NamespaceDecl>(RD->getEnclosingNamespaceContext());
-  if (!NS || NS->lookup(&Ctx.Idents.get("MemoryFormat")).empty())
-    return std::nullopt;
-  return NS->getQualifiedNameAsString() + "::MemoryFormat";
+  for (; RD && RD->hasDefinition();) {
+    for (const NamedDecl *D : RD->lookup(&Ctx.Idents.get("clone"))) {
+      const auto *FD = D->getAsFunction();
+      if (!FD || FD->getNumParams() == 0)
+        continue;
+      QualType T = FD->getParamDecl(0)->getType().getNonReferenceType();
+      if (const auto *Spec = T->getAs<TemplateSpecializationType>()) {
+        if (Spec->template_arguments().empty() ||
+            Spec->template_arguments()[0].getKind() != TemplateArgument::Type)
+          continue;
+        T = Spec->template_arguments()[0].getAsType();
+      } else if (const auto *RT = T->getAsCXXRecordDecl()) {
+        const auto *CT = dyn_cast<ClassTemplateSpecializationDecl>(RT);
+        if (!CT || CT->getTemplateArgs().size() == 0 ||
+            CT->getTemplateArgs()[0].getKind() != TemplateArgument::Type)
+          continue;
+        T = CT->getTemplateArgs()[0].getAsType();
+      }
+      if (const auto *ET = T->getAs<EnumType>())
+        if (ET->getDecl()->getIdentifier() && ET->getDecl()->getName() == "MemoryFormat")
+          return ET->getDecl()->getQualifiedNameAsString();
+    }
+    RD = RD->getNumBases() ? RD->bases_begin()->getType()->getAsCXXRecordDecl() : nullptr;
+  }
+  return std::nullopt;
 }
 
 OverloadedOperatorKind binaryOf(OverloadedOperatorKind K) {

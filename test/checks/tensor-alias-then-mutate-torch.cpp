@@ -1,0 +1,94 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-alias-then-mutate %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-alias-then-mutate %t.plugin -- --quiet -- %torch_include
+#include <torch/torch.h>
+
+using torch::Tensor;
+
+// ===== positives ============================================================
+
+Tensor normalize(const Tensor &input, const Tensor &mean, const Tensor &stdev) {
+  Tensor x = input;
+  // CHECK-FIXES: {{^}}  Tensor x = input.clone();{{$}}
+  x -= mean;
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place '-=' on 'x' also changes 'input', which shares its storage
+  x /= stdev;
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place '/=' on 'x' also changes 'input'
+  return x;
+}
+
+Tensor toFloatAndScale(const Tensor &img) {
+  auto f = img.to(torch::kFloat);
+  // CHECK-FIXES: {{^}}  auto f = img.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);{{$}}
+  f.div_(255.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'div_' on 'f' may also change 'img': 'to' returns its input, not a copy, when it can
+  f.clamp_(0, 1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'clamp_' on 'f' may also change 'img'
+  return f;
+}
+
+Tensor packed(const Tensor &x) {
+  Tensor c = x.contiguous();
+  // CHECK-FIXES: {{^}}  Tensor c = x.clone(c10::MemoryFormat::Contiguous);{{$}}
+  c.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'c' may also change 'x': 'contiguous' returns its input
+  c.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'add_' on 'c' may also change 'x'
+  return c;
+}
+
+struct Net : torch::nn::Module {
+  Tensor running_mean = torch::zeros({8});
+  void update(const Tensor &batch_mean) {
+    Tensor m = running_mean;
+    m.mul_(0.9);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'mul_' on 'm' also changes 'running_mean'
+    // CHECK-FIXES: {{^}}    m = m.mul(0.9);{{$}}
+    (void)batch_mean;
+  }
+};
+
+void flattenedWrite() {
+  Tensor a = torch::ones({2, 3});
+  auto flat = torch::flatten(a);
+  // CHECK-FIXES: {{^}}  auto flat = torch::flatten(a).clone();{{$}}
+  flat.zero_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: in-place 'zero_' on 'flat' may also change 'a': 'flatten' returns its input
+  std::cout << a << std::endl;
+}
+
+// ===== negatives ============================================================
+
+Tensor cloned(const Tensor &input) {
+  Tensor x = input.clone();
+  x -= x.mean();
+  return x;
+}
+
+void slicesAreTheIdiom(Tensor &buf) {
+  buf.slice(0, 0, 2).zero_();
+  buf.index_put_({0}, 1);
+  buf[1].fill_(2);
+  auto head = buf.narrow(0, 0, 1);
+  head.mul_(3);
+}
+
+void gradsInPlace(torch::nn::Module &m) {
+  for (auto &p : m.parameters())
+    if (p.grad().defined())
+      p.grad().zero_();
+}
+
+Tensor forcedCopy(const Tensor &x) {
+  auto y = x.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  y.mul_(2);
+  return y;
+}
+
+void metadataReadsOnly() {
+  Tensor a = torch::ones({3});
+  Tensor b = a;
+  b.add_(1);
+  std::cout << a.sizes() << a.dtype() << std::endl;
+  std::cout << b << std::endl;
+}

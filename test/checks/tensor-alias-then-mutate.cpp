@@ -1,0 +1,429 @@
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-alias-then-mutate %t
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-alias-then-mutate %t.plugin
+#include "tt/tt.h"
+
+#include <utility>
+#include <vector>
+
+using tt::Tensor;
+void use(const Tensor &);
+Tensor make();
+bool flag();
+
+// ===== positives ============================================================
+
+void copyThenAdd() {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  b.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'add_' on 'b' also changes 'a', which shares its storage: copying a tensor handle does not copy data [tensor-alias-then-mutate]
+  // CHECK-FIXES: {{^}}  b = b.add(1);{{$}}
+  use(a);
+}
+
+void compoundAssign(const Tensor &m) {
+  Tensor a = tt::ones({3});
+  auto b = a;
+  b -= m + 1;
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place '-=' on 'b' also changes 'a'
+  // CHECK-FIXES: {{^}}  b = b - (m + 1);{{$}}
+  use(a);
+}
+
+// Several writes: one clone() where the alias is made.
+void normalizeTwice(const Tensor &mean, const Tensor &stdev) {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  // CHECK-FIXES: {{^}}  Tensor b = a.clone();{{$}}
+  b -= mean;
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place '-=' on 'b' also changes 'a'
+  b /= stdev;
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place '/=' on 'b' also changes 'a'
+  use(a);
+}
+
+// The caller's tensor changes.
+Tensor centered(const Tensor &x) {
+  Tensor y = x;
+  y.sub_(y.mean());
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'sub_' on 'y' also changes 'x'
+  // CHECK-FIXES: {{^}}  y = y.sub(y.mean());{{$}}
+  return y;
+}
+
+void byValueParam(Tensor x) {
+  auto y = x;
+  y.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'y' also changes 'x'
+  // CHECK-FIXES: {{^}}  y = y.mul(2);{{$}}
+  use(y);
+}
+
+// May-alias ops: the single-copy form replaces the op.
+Tensor toUnit(const Tensor &img) {
+  Tensor y = img.contiguous();
+  // CHECK-FIXES: {{^}}  Tensor y = img.clone(tt::MemoryFormat::Contiguous);{{$}}
+  y.div_(255);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'div_' on 'y' may also change 'img': 'contiguous' returns its input, not a copy, when it can
+  y.sub_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'sub_' on 'y' may also change 'img'
+  return y;
+}
+
+void reshapeZero(const Tensor &x) {
+  auto flat = x.reshape({-1});
+  // CHECK-FIXES: {{^}}  auto flat = x.clone(tt::MemoryFormat::Contiguous).reshape({-1});{{$}}
+  flat.zero_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: in-place 'zero_' on 'flat' may also change 'x': 'reshape' returns its input
+  use(flat);
+}
+
+void toDtype(const Tensor &x) {
+  auto y = x.to(tt::kFloat);
+  // CHECK-FIXES: {{^}}  auto y = x.to(tt::kFloat, /*non_blocking=*/false, /*copy=*/true);{{$}}
+  y.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'y' may also change 'x': 'to' returns its input
+  y.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'add_' on 'y' may also change 'x'
+  use(y);
+}
+
+void flattenLocal() {
+  Tensor a = tt::ones({2, 3});
+  auto f = a.flatten();
+  f.fill_(0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'fill_' on 'f' may also change 'a': 'flatten' returns its input
+  // CHECK-FIXES: {{^}}  auto f = a.clone(tt::MemoryFormat::Contiguous).flatten();{{$}}
+  use(a);
+}
+
+struct Model {
+  Tensor w;
+  void step(const Tensor &g) {
+    Tensor cur = w;
+    cur.sub_(g);
+    // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'sub_' on 'cur' also changes 'w'
+    // CHECK-FIXES: {{^}}    cur = cur.sub(g);{{$}}
+    use(cur);
+  }
+};
+
+Tensor g_buffer;
+void globalCopy() {
+  auto b = g_buffer;
+  b.zero_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'zero_' on 'b' also changes 'g_buffer'
+  // CHECK-FIXES: {{^}}  auto b = g_buffer.clone();{{$}}
+}
+
+void writeInBranch(bool c) {
+  Tensor a = tt::ones({3});
+  auto b = a;
+  if (c)
+    b.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'mul_' on 'b' also changes 'a'
+  // CHECK-FIXES: {{^}}    b = b.mul(2);{{$}}
+  use(a);
+}
+
+// Read again in the next iteration.
+void copyInLoop(int n) {
+  Tensor acc = tt::zeros({3});
+  for (int i = 0; i < n; ++i) {
+    Tensor step = acc;
+    step.add_(1);
+    // CHECK-MESSAGES: :[[@LINE-1]]:10: warning: in-place 'add_' on 'step' also changes 'acc'
+    // CHECK-FIXES: {{^}}    step = step.add(1);{{$}}
+    use(step);
+  }
+}
+
+void reassignedThroughMayAlias() {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  b = b.contiguous();
+  b.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'add_' on 'b' may also change 'a': 'contiguous' returns its input
+  // CHECK-FIXES: {{^}}  b = b.add(1);{{$}}
+  use(a);
+}
+
+// The snapshot is not one: writing the original changes it.
+Tensor snapshot(Tensor h) {
+  Tensor prev = h;
+  h.mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'h' also changes 'prev'
+  // CHECK-FIXES: {{^}}  h = h.mul(0.5);{{$}}
+  return h - prev;
+}
+
+auto lambdaParam = [](const Tensor &x) {
+  Tensor y = x;
+  y.relu_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'relu_' on 'y' also changes 'x'
+  // CHECK-FIXES: {{^}}  y = y.relu();{{$}}
+  return y;
+};
+
+void lambdaCapture() {
+  Tensor a = tt::ones({3});
+  auto fn = [&a]() {
+    auto b = a;
+    b.neg_();
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'neg_' on 'b' also changes 'a'
+    // CHECK-FIXES: {{^}}    b = b.neg();{{$}}
+    use(b);
+  };
+  fn();
+}
+
+template <typename T> T bumped(const T &x) {
+  T y = x;
+  y.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'add_' on 'y' also changes 'x'
+  // CHECK-FIXES: {{^}}  y = y.add(1);{{$}}
+  return y;
+}
+Tensor useBumped(const Tensor &t) { return bumped(t); }
+
+// Calls are not black boxes: scale() writes its parameter.
+void scale(Tensor t) { t.mul_(2); }
+void callsMutator() {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  // CHECK-FIXES: {{^}}  Tensor b = a.clone();{{$}}
+  scale(b);
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: call to 'scale', which writes its argument in place, on 'b' also changes 'a'
+  use(a);
+}
+
+// ... and same() returns its argument.
+Tensor same(const Tensor &t) { return t; }
+void aliasThroughCall() {
+  Tensor a = tt::ones({3});
+  Tensor b = same(a);
+  b.exp_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'exp_' on 'b' also changes 'a'
+  // CHECK-FIXES: {{^}}  b = b.exp();{{$}}
+  use(a);
+}
+
+void indexAssign() {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  // CHECK-FIXES: {{^}}  Tensor b = a.clone();{{$}}
+  b[0] = 5;
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: in-place '=' on 'b' also changes 'a'
+  use(a);
+}
+
+// A named view of the copy still writes the original.
+void viewOfCopy() {
+  Tensor a = tt::ones({4});
+  Tensor b = a;
+  // CHECK-FIXES: {{^}}  Tensor b = a.clone();{{$}}
+  auto head = b.narrow(0, 0, 2);
+  head.zero_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: in-place 'zero_' on 'head' also changes 'a'
+  use(a);
+}
+
+#define ZERO_OUT(t) (t).zero_()
+void throughMacro() {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  // CHECK-FIXES: {{^}}  Tensor b = a.clone();{{$}}
+  ZERO_OUT(b);
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: in-place 'zero_' on 'b' also changes 'a'
+  use(a);
+}
+
+// ===== negatives ============================================================
+
+void cloned() {
+  Tensor a = tt::ones({3});
+  auto b = a.clone();
+  b.add_(1);
+  use(a);
+}
+
+void explicitViews() {
+  Tensor a = tt::ones({3, 4});
+  auto row = a.select(0, 0);
+  row.zero_();
+  a[1].fill_(1);
+  a.narrow(1, 0, 2).mul_(2);
+  auto v = a.view({-1});
+  v.add_(1);
+  a[2] = 3;
+  use(a);
+}
+
+void sourceDead() {
+  Tensor b = make();
+  Tensor c = b;
+  c.add_(1);
+  use(c);
+}
+
+void copyRebound() {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  b = b.add(1);
+  b.add_(1);
+  use(a);
+}
+
+void sourceRebound() {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  a = tt::zeros({3});
+  b.add_(1);
+  use(a);
+  use(b);
+}
+
+// Copy on one path only: the author chose between aliasing and copying.
+void conditionalCopy(bool c) {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  if (c)
+    b = a.clone();
+  b.add_(1);
+  use(a);
+  Tensor d = c ? a : a.clone();
+  d.mul_(2);
+  use(a);
+}
+
+void metadataOnly() {
+  Tensor a = tt::ones({3});
+  auto b = a;
+  b.add_(1);
+  auto n = a.size(0) + a.dim();
+  (void)n;
+  use(b);
+}
+
+void forcedCopy() {
+  Tensor a = tt::ones({3});
+  auto b = a.to(tt::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  b.mul_(2);
+  use(a);
+}
+
+void detachedBelongsToOtherCheck() {
+  Tensor a = tt::ones({3});
+  auto d = a.detach();
+  d.mul_(2);
+  use(a);
+}
+
+void outOfPlaceOnly() {
+  Tensor a = tt::ones({3});
+  auto b = a;
+  b = b * 2;
+  b = b - 1;
+  use(a);
+  use(b);
+}
+
+struct Fake {
+  Fake add_(int) { return *this; }
+};
+void notATensor() {
+  Fake f;
+  Fake g = f;
+  g.add_(1);
+  (void)f;
+}
+
+void writesItsOwnParameter(Tensor x) { x.relu_(); }
+void writesOutParameter(Tensor &out, const Tensor &src) { out.copy_(src); }
+
+void referenceIsTheSameHandle() {
+  Tensor a = tt::ones({3});
+  Tensor &r = a;
+  r.add_(1);
+  use(a);
+}
+
+template <typename T> void neverInstantiated(T x) {
+  auto y = x;
+  y.add_(1);
+  use(x);
+}
+
+void movedFrom() {
+  Tensor a = tt::ones({3});
+  Tensor b = std::move(a);
+  b.add_(1);
+  use(b);
+}
+
+void temporaryChain() {
+  Tensor a = tt::ones({3});
+  a.contiguous().add_(1);
+  use(a);
+}
+
+void flagOnly() {
+  Tensor a = tt::ones({3});
+  auto b = a;
+  b.requires_grad_();
+  use(a);
+}
+
+void freshEachIteration(int n) {
+  Tensor a = tt::ones({3});
+  for (int i = 0; i < n; ++i) {
+    Tensor b = a.clone();
+    b.add_(1);
+    use(a);
+  }
+}
+
+void sourceReadOnlyBefore() {
+  Tensor a = tt::ones({3});
+  auto b = a;
+  use(a);
+  b.add_(1);
+  use(b);
+}
+
+void advancedIndexCopies(const Tensor &idx) {
+  Tensor a = tt::ones({3});
+  auto b = a[idx];
+  b.zero_();
+  use(a);
+}
+
+void accumulator(const std::vector<Tensor> &xs) {
+  Tensor total = tt::zeros({3});
+  for (const Tensor &x : xs)
+    total.add_(x);
+  use(total);
+}
+
+auto lambdaClone = [](const Tensor &x) {
+  Tensor y = x.clone();
+  y.add_(1);
+  return y;
+};
+
+#define CLONE_OF(t) (t).clone()
+void macroClone() {
+  Tensor a = tt::ones({3});
+  Tensor b = CLONE_OF(a);
+  b.add_(1);
+  use(a);
+}
+
+// The callee does not write its parameter.
+Tensor pure(const Tensor &t) { return t * 2; }
+void callsPure() {
+  Tensor a = tt::ones({3});
+  Tensor b = a;
+  use(pure(b));
+  use(a);
+}

@@ -1,0 +1,61 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-inplace-on-detached %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-inplace-on-detached %t.plugin -- --quiet -- %torch_include
+#include <torch/torch.h>
+
+using torch::Tensor;
+
+// ===== positives ============================================================
+
+Tensor noisyLoss(torch::nn::Linear &fc, const Tensor &x) {
+  Tensor out = fc->forward(x);
+  auto target = out.detach();
+  // CHECK-FIXES: {{^}}  auto target = out.detach().clone();{{$}}
+  target.add_(torch::randn_like(target) * 0.1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:10: warning: in-place 'add_' on 'target' changes 'out' behind autograd's back: 'detach()' shares storage and the version counter with its source [tensor-inplace-on-detached]
+  return torch::mse_loss(out, target);
+}
+
+void scaleWeights(torch::nn::Linear &fc) {
+  Tensor w = fc->weight.data();
+  // CHECK-FIXES: {{^}}  Tensor w = fc->weight.detach().clone();{{$}}
+  w.mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'w' changes 'weight' behind autograd's back: 'data()' shares storage but not even the version counter
+}
+
+Tensor clippedCopy(const Tensor &grad) {
+  auto g = grad.detach();
+  // CHECK-FIXES: {{^}}  auto g = grad.detach().clone();{{$}}
+  g.clamp_(-1, 1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'clamp_' on 'g' changes 'grad'
+  return g;
+}
+
+// ===== negatives (the idioms) ================================================
+
+void loadWeights(torch::nn::Linear &fc, const Tensor &loaded) {
+  fc->weight.data().copy_(loaded);
+  fc->bias.detach().zero_();
+}
+
+void softUpdate(torch::nn::Module &target, torch::nn::Module &online, double tau) {
+  torch::NoGradGuard no_grad;
+  auto tp = target.parameters();
+  auto op = online.parameters();
+  for (size_t i = 0; i < tp.size(); ++i) {
+    auto t = tp[i].data();
+    t.mul_(1 - tau).add_(op[i], tau);
+  }
+}
+
+void zeroGrads(torch::nn::Module &m) {
+  for (auto &p : m.parameters())
+    if (p.grad().defined())
+      p.grad().zero_();
+}
+
+Tensor independent(const Tensor &x) {
+  auto d = x.detach().clone();
+  d.mul_(2);
+  return d;
+}
