@@ -104,7 +104,8 @@ Tensor &Tensor::index_put_(std::initializer_list<indexing::TensorIndex> indices,
                            SourceLocation loc) const {
   return index_put_(ArrayRef<indexing::TensorIndex>(indices.begin(), indices.size()), v, loc);
 }
-Tensor Tensor::operator[](std::int64_t i) const { return select(0, i); }
-Tensor Tensor::operator[](const Tensor &i) const { return index({indexing::TensorIndex(i)}); }
+// Operators cannot take a defaulted location: events get none (null).
+Tensor Tensor::operator[](std::int64_t i) const { return select(0, i, SourceLocation{}); }
+Tensor Tensor::operator[](const Tensor &i) const { return index({indexing::TensorIndex(i)}, SourceLocation{}); }
 
 } // namespace tt

@@ -57,14 +57,27 @@ struct Operand {
   bool wrapped = false;
 };
 
-Tensor wrapScalar(const Scalar &s, Device dev) {
-  ScalarType dt = s.type();
-  auto st = std::make_shared<Storage>(elementSize(dt), dev);
+// A 0-dim tensor of dtype dt holding s. On the CPU its 8 bytes are not a
+// storage allocation: no trace event, not in memory_stats (PyTorch passes
+// such scalars by value too).
+Tensor scalarTensor(const Scalar &s, ScalarType dt, Device dev) {
+  std::shared_ptr<Storage> st;
+  if (dev.is_cpu()) {
+    auto *buf = new std::uint64_t(0);
+    st = std::shared_ptr<Storage>(new Storage(buf, sizeof(std::uint64_t), dev), [buf](Storage *p) {
+      delete p;
+      delete buf;
+    });
+  } else {
+    st = std::make_shared<Storage>(elementSize(dt), dev);
+  }
   Tensor t(std::make_shared<TensorImpl>(std::move(st), std::vector<std::int64_t>{}, std::vector<std::int64_t>{}, 0,
                                         dt, nullptr));
   backendOf(*t.unsafeGetTensorImpl()).fill(makeDesc(*t.unsafeGetTensorImpl()), scalarValue(s));
   return t;
 }
+
+Tensor wrapScalar(const Scalar &s, Device dev) { return scalarTensor(s, s.type(), dev); }
 
 ScalarType resultType(std::initializer_list<Operand> ops) {
   ResultTypeState st;
@@ -85,6 +98,8 @@ void checkSameDevice(const Tensor &a, const Tensor &b) {
 Tensor castTo(const Tensor &t, ScalarType dt, Device dev) {
   if (t.dtype() == dt && t.device().type() == dev.type())
     return t;
+  if (t.dim() == 0 && t.is_cpu() && dev.is_cpu())
+    return scalarTensor(t.item(), dt, dev);
   Tensor out = makeTensor(t.sizes(), preservedStrides(*t.unsafeGetTensorImpl()), dt, dev);
   copyData(out, t, CopyKind::Other);
   return out;
@@ -1077,6 +1092,7 @@ Tensor Tensor::bmm(const Tensor &other, SourceLocation loc) const {
 }
 
 bool Tensor::allclose(const Tensor &other, double rtol, double atol, bool equal_nan) const {
+  trace::Scope scope("allclose", SourceLocation{});
   NoGradGuard ng;
   if (dtype() != other.dtype())
     fail(std::string(tt::toString(dtype())) + " did not match " + tt::toString(other.dtype()));
@@ -1101,6 +1117,7 @@ bool Tensor::allclose(const Tensor &other, double rtol, double atol, bool equal_
 }
 
 bool Tensor::equal(const Tensor &other) const {
+  trace::Scope scope("equal", SourceLocation{});
   NoGradGuard ng;
   checkSameDevice(*this, other);
   if (!sizes().equals(other.sizes()))
@@ -1118,36 +1135,41 @@ Tensor &Tensor::operator*=(detail::LocatedTensor o) const { return mul_(o.t, o.l
 Tensor &Tensor::operator*=(detail::LocatedScalar o) const { return mul_(o.s, o.loc); }
 Tensor &Tensor::operator/=(detail::LocatedTensor o) const { return div_(o.t, o.loc); }
 Tensor &Tensor::operator/=(detail::LocatedScalar o) const { return div_(o.s, o.loc); }
-Tensor Tensor::operator-() const { return neg(); }
+Tensor Tensor::operator-() const { return neg(SourceLocation{}); }
 
 // --- operators -------------------------------------------------------------------------------------
-Tensor operator+(const Tensor &a, const Tensor &b) { return a.add(b); }
-Tensor operator+(const Tensor &a, const Scalar &b) { return a.add(b); }
-Tensor operator+(const Scalar &a, const Tensor &b) { return b.add(a); }
-Tensor operator-(const Tensor &a, const Tensor &b) { return a.sub(b); }
-Tensor operator-(const Tensor &a, const Scalar &b) { return a.sub(b); }
-Tensor operator-(const Scalar &a, const Tensor &b) { return b.neg().add(a); }
-Tensor operator*(const Tensor &a, const Tensor &b) { return a.mul(b); }
-Tensor operator*(const Tensor &a, const Scalar &b) { return a.mul(b); }
-Tensor operator*(const Scalar &a, const Tensor &b) { return b.mul(a); }
-Tensor operator/(const Tensor &a, const Tensor &b) { return a.div(b); }
-Tensor operator/(const Tensor &a, const Scalar &b) { return a.div(b); }
-Tensor operator/(const Scalar &a, const Tensor &b) {
-  ScalarType dt = binaryResultType(BinaryOp::Div, scalarOperand(a, b), Operand{b, false});
-  return full_like(b, a, dt).div(b);
+// Binary operators take the caller's location through their right operand.
+Tensor operator+(const Tensor &a, detail::LocatedTensor b) { return a.add(b.t, 1, b.loc); }
+Tensor operator+(const Tensor &a, detail::LocatedScalar b) { return a.add(b.s, 1, b.loc); }
+Tensor operator+(const Scalar &a, detail::LocatedTensor b) { return b.t.add(a, 1, b.loc); }
+Tensor operator-(const Tensor &a, detail::LocatedTensor b) { return a.sub(b.t, 1, b.loc); }
+Tensor operator-(const Tensor &a, detail::LocatedScalar b) { return a.sub(b.s, 1, b.loc); }
+Tensor operator-(const Scalar &a, detail::LocatedTensor b) {
+  trace::Scope scope("sub", b.loc); // rsub
+  return b.t.neg().add(a);
 }
-Tensor operator==(const Tensor &a, const Tensor &b) { return a.eq(b); }
-Tensor operator==(const Tensor &a, const Scalar &b) { return a.eq(b); }
-Tensor operator!=(const Tensor &a, const Tensor &b) { return a.ne(b); }
-Tensor operator!=(const Tensor &a, const Scalar &b) { return a.ne(b); }
-Tensor operator<(const Tensor &a, const Tensor &b) { return a.lt(b); }
-Tensor operator<(const Tensor &a, const Scalar &b) { return a.lt(b); }
-Tensor operator<=(const Tensor &a, const Tensor &b) { return a.le(b); }
-Tensor operator<=(const Tensor &a, const Scalar &b) { return a.le(b); }
-Tensor operator>(const Tensor &a, const Tensor &b) { return a.gt(b); }
-Tensor operator>(const Tensor &a, const Scalar &b) { return a.gt(b); }
-Tensor operator>=(const Tensor &a, const Tensor &b) { return a.ge(b); }
-Tensor operator>=(const Tensor &a, const Scalar &b) { return a.ge(b); }
+Tensor operator*(const Tensor &a, detail::LocatedTensor b) { return a.mul(b.t, b.loc); }
+Tensor operator*(const Tensor &a, detail::LocatedScalar b) { return a.mul(b.s, b.loc); }
+Tensor operator*(const Scalar &a, detail::LocatedTensor b) { return b.t.mul(a, b.loc); }
+Tensor operator/(const Tensor &a, detail::LocatedTensor b) { return a.div(b.t, b.loc); }
+Tensor operator/(const Tensor &a, detail::LocatedScalar b) { return a.div(b.s, b.loc); }
+Tensor operator/(const Scalar &a, detail::LocatedTensor b) {
+  trace::Scope scope("div", b.loc); // rdiv
+  ScalarType dt = binaryResultType(BinaryOp::Div, scalarOperand(a, b.t), Operand{b.t, false});
+  return full_like(b.t, a, dt).div(b.t);
+}
+Tensor operator==(const Tensor &a, const Tensor &b) { return a.eq(b, SourceLocation{}); }
+Tensor operator==(const Tensor &a, const Scalar &b) { return a.eq(b, SourceLocation{}); }
+Tensor operator!=(const Tensor &a, const Tensor &b) { return a.ne(b, SourceLocation{}); }
+Tensor operator!=(const Tensor &a, const Scalar &b) { return a.ne(b, SourceLocation{}); }
+Tensor operator<(const Tensor &a, const Tensor &b) { return a.lt(b, SourceLocation{}); }
+Tensor operator<(const Tensor &a, const Scalar &b) { return a.lt(b, SourceLocation{}); }
+Tensor operator<=(const Tensor &a, const Tensor &b) { return a.le(b, SourceLocation{}); }
+Tensor operator<=(const Tensor &a, const Scalar &b) { return a.le(b, SourceLocation{}); }
+Tensor operator>(const Tensor &a, const Tensor &b) { return a.gt(b, SourceLocation{}); }
+Tensor operator>(const Tensor &a, const Scalar &b) { return a.gt(b, SourceLocation{}); }
+Tensor operator>=(const Tensor &a, const Tensor &b) { return a.ge(b, SourceLocation{}); }
+Tensor operator>=(const Tensor &a, const Scalar &b) { return a.ge(b, SourceLocation{}); }
 
 // --- free functions -------------------------------------------------------------------------------
 Tensor add(const Tensor &a, const Tensor &b, const Scalar &alpha, SourceLocation loc) { return a.add(b, alpha, loc); }

@@ -755,6 +755,7 @@ std::string Tensor::toString() const {
 void Tensor::print() const { std::cout << *this << std::endl; }
 
 std::ostream &operator<<(std::ostream &os, const Tensor &t) {
+  trace::Scope scope("print", SourceLocation{}); // its internal copies have no user location
   if (!t.defined())
     return os << "[ Tensor (undefined) ]";
   Tensor h = t.is_cpu() ? t : t.to(kCPU);

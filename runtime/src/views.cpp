@@ -769,13 +769,14 @@ Tensor Tensor::variable_data(SourceLocation loc) const {
   return out;
 }
 
+// Operators cannot take a defaulted location: these events get none.
 Tensor &Tensor::operator=(const Tensor &src) && {
-  copy_(src);
+  copy_(src, false, SourceLocation{});
   return *this;
 }
 
 Tensor &Tensor::operator=(const Scalar &v) && {
-  fill_(v);
+  fill_(v, SourceLocation{});
   return *this;
 }
 

@@ -367,18 +367,21 @@ private:
 };
 
 // --- binary operators (out of place) -----------------------------------------------
-Tensor operator+(const Tensor &a, const Tensor &b);
-Tensor operator+(const Tensor &a, const Scalar &b);
-Tensor operator+(const Scalar &a, const Tensor &b);
-Tensor operator-(const Tensor &a, const Tensor &b);
-Tensor operator-(const Tensor &a, const Scalar &b);
-Tensor operator-(const Scalar &a, const Tensor &b);
-Tensor operator*(const Tensor &a, const Tensor &b);
-Tensor operator*(const Tensor &a, const Scalar &b);
-Tensor operator*(const Scalar &a, const Tensor &b);
-Tensor operator/(const Tensor &a, const Tensor &b);
-Tensor operator/(const Tensor &a, const Scalar &b);
-Tensor operator/(const Scalar &a, const Tensor &b);
+// The right operand carries the caller's location (for the trace); it
+// converts implicitly from a Tensor / a number, so `a + b`, `a * 2`, `1 - a`
+// read as in LibTorch.
+Tensor operator+(const Tensor &a, detail::LocatedTensor b);
+Tensor operator+(const Tensor &a, detail::LocatedScalar b);
+Tensor operator+(const Scalar &a, detail::LocatedTensor b);
+Tensor operator-(const Tensor &a, detail::LocatedTensor b);
+Tensor operator-(const Tensor &a, detail::LocatedScalar b);
+Tensor operator-(const Scalar &a, detail::LocatedTensor b);
+Tensor operator*(const Tensor &a, detail::LocatedTensor b);
+Tensor operator*(const Tensor &a, detail::LocatedScalar b);
+Tensor operator*(const Scalar &a, detail::LocatedTensor b);
+Tensor operator/(const Tensor &a, detail::LocatedTensor b);
+Tensor operator/(const Tensor &a, detail::LocatedScalar b);
+Tensor operator/(const Scalar &a, detail::LocatedTensor b);
 Tensor operator==(const Tensor &a, const Tensor &b);
 Tensor operator==(const Tensor &a, const Scalar &b);
 Tensor operator!=(const Tensor &a, const Tensor &b);
