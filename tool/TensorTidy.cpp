@@ -3,6 +3,7 @@
 // analysis in rules/.
 #include "Docs.h"
 #include "Driver.h"
+#include "verify/Verify.h"
 
 #include "clang/Tooling/CompilationDatabase.h"
 #include "llvm/Support/CommandLine.h"
@@ -81,6 +82,7 @@ static const char Overview[] =
 int main(int argc, const char **argv) {
   llvm::InitLLVM X(argc, argv);
   setExecutablePath(argv[0]);
+  verify::registerOptions(Category);
   cl::HideUnrelatedOptions(Category);
   cl::SetVersionPrinter([](llvm::raw_ostream &OS) { OS << "tensor-tidy " TT_VERSION "\n"; });
 
@@ -126,7 +128,10 @@ int main(int argc, const char **argv) {
   Opts.CacheDir = CacheDir;
   Opts.NoCache = NoCache;
 
-  // --verify (tool/verify/) hooks in here: it takes over the run when given.
+  // --verify (tool/verify/) hooks in here: register its options before the
+  // parse above, then set Opts.AfterAnalysis when it is enabled.
+  if (verify::enabled())
+    return verify::runVerify(Opts, argv[0]);
 
   return runDriver(Opts);
 }

@@ -157,7 +157,8 @@ struct Scope {
 void alloc(const Storage &s);
 void free(const Storage &s);
 void copy(CopyKind kind, const TensorImpl &src, const TensorImpl &dst);
-void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after);
+// handles: live Tensor handles on t itself (handle copies share one TensorImpl).
+void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after, long handles = 0);
 // One op: its inputs' storages -> its result's storage, with the table's kind.
 void op(const char *name, std::initializer_list<const Tensor *> inputs, const Tensor &out);
 void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &outs);

@@ -349,7 +349,7 @@ void bumpVersion(const Tensor &t, const char *op, std::uint32_t before) {
   TensorImpl &impl = *t.unsafeGetTensorImpl();
   std::uint32_t after = impl.version->version.fetch_add(1, std::memory_order_relaxed) + 1;
   if (trace::on())
-    trace::write(op, impl, before, after);
+    trace::write(op, impl, before, after, t.use_count());
 }
 
 void copyData(const Tensor &dst, const Tensor &src, CopyKind kind) {

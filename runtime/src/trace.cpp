@@ -140,6 +140,8 @@ bool start(const std::string &path) {
     std::fclose(g_file);
   g_file = std::fopen(path.c_str(), "w");
   g_on = g_file != nullptr;
+  if (g_file) // line-buffered: a run that crashes or is killed keeps its events
+    std::setvbuf(g_file, nullptr, _IOLBF, 1 << 16);
   if (g_file) {
     std::string line = "{\"seq\":" + std::to_string(g_seq++) + ",\"ev\":\"start\",\"schema\":1}\n";
     std::fwrite(line.data(), 1, line.size(), g_file);
@@ -195,13 +197,13 @@ void copy(CopyKind kind, const TensorImpl &src, const TensorImpl &dst) {
   emit(s);
 }
 
-void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after) {
+void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after, long handles) {
   std::string s = head("write");
   s += ",\"write_op\":";
   jsonString(s, op);
   s += ",\"storage\":" + std::to_string(t.storage->id()) + ",\"tensor\":" + std::to_string(t.id) +
        ",\"version_before\":" + std::to_string(before) + ",\"version_after\":" + std::to_string(after) +
-       ",\"storage_refs\":" + std::to_string(t.storage.use_count()) +
+       ",\"storage_refs\":" + std::to_string(t.storage.use_count()) + ",\"handles\":" + std::to_string(handles) +
        ",\"bytes\":" + std::to_string(t.numel() * static_cast<std::int64_t>(elementSize(t.dtype)));
   double sum;
   if (digest(t, sum)) {
@@ -259,8 +261,16 @@ void opLine(const char *name, std::initializer_list<const Tensor *> inputs, cons
   bool same = inputs.size() && !outs.empty() && (*inputs.begin())->is_same(*outs[0]);
   s += ",\"returns_self\":";
   s += same ? "true" : "false";
-  if (!outs.empty())
+  if (!outs.empty()) {
     describe(s, *outs[0]->unsafeGetTensorImpl());
+    double sum; // the result's digest, to compare two runs (tensor-tidy --verify)
+    if (digest(*outs[0]->unsafeGetTensorImpl(), sum) && sum == sum && sum - sum == 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.17g", sum);
+      s += ",\"sum\":";
+      s += buf;
+    }
+  }
   s += "}";
   emit(s);
 }
@@ -297,7 +307,7 @@ void Scope::leave() {}
 void alloc(const Storage &) {}
 void free(const Storage &) {}
 void copy(CopyKind, const TensorImpl &, const TensorImpl &) {}
-void write(const char *, const TensorImpl &, std::uint32_t, std::uint32_t) {}
+void write(const char *, const TensorImpl &, std::uint32_t, std::uint32_t, long) {}
 void op(const char *, std::initializer_list<const Tensor *>, const Tensor &) {}
 void opMulti(const char *, const Tensor &, const std::vector<Tensor> &) {}
 void error(const char *, const std::string &) {}

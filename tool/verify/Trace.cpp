@@ -35,21 +35,11 @@ std::string string(const json::Object &O, std::initializer_list<StringRef> Keys)
   return "";
 }
 
-// Event kinds as --verify reasons about them.
-std::string normalKind(StringRef K) {
-  if (K == "alloc" || K == "allocate" || K == "allocation")
-    return "alloc";
-  if (K == "free" || K == "dealloc" || K == "release")
-    return "free";
-  if (K == "copy")
-    return "copy";
-  if (K == "inplace" || K == "in_place" || K == "write")
+// The runtime's event names (docs/runtime/trace.md), as --verify reasons about them.
+std::string normalKind(StringRef Ev) {
+  if (Ev == "write")
     return "inplace";
-  if (K == "view")
-    return "view";
-  if (K == "error" || K == "exception" || K == "autograd_error")
-    return "error";
-  return K.empty() ? "op" : K.str();
+  return Ev.str(); // alloc, free, copy, op, error, start
 }
 
 } // namespace
@@ -63,58 +53,66 @@ Trace Trace::load(StringRef Path, StringRef Dir) {
   SmallVector<StringRef> Rows;
   (*Buf)->getBuffer().split(Rows, '\n', -1, false);
   int64_t Live = 0;
+  std::map<int64_t, double> LastSum;
   for (StringRef Row : Rows) {
     auto V = json::parse(Row);
     if (!V) {
-      consumeError(V.takeError()); // a run killed mid-line leaves a partial last row
-      continue;
+      consumeError(V.takeError());
+      // Schema 1 writers closed write/copy rows twice ("}}"): accept those.
+      if (!Row.ends_with("}}") || !(V = json::parse(Row.drop_back()))) {
+        consumeError(V.takeError()); // a run killed mid-line leaves a partial last row
+        continue;
+      }
     }
     const json::Object *O = V->getAsObject();
     if (!O)
       continue;
     Event E;
     E.Index = T.Events.size();
-    E.Kind = normalKind(string(*O, {"ev", "event", "kind", "type"}));
-    E.Op = string(*O, {"op", "name"});
-    // Location: "loc": {"file","line","col"} or "loc": "file:line:col" or top-level keys.
-    const json::Object *L = O->getObject("loc");
-    if (!L)
-      L = O->getObject("src");
-    if (L) {
-      E.File = string(*L, {"file"});
-      E.Line = number(*L, {"line"}).value_or(0);
-      E.Col = number(*L, {"col", "column"}).value_or(0);
-    } else if (auto S = O->getString("loc")) {
-      auto [Rest, C] = S->rsplit(':');
-      auto [F, Ln] = Rest.rsplit(':');
-      E.File = F.str();
-      Ln.getAsInteger(10, E.Line);
-      C.getAsInteger(10, E.Col);
-    } else {
-      E.File = string(*O, {"file"});
-      E.Line = number(*O, {"line"}).value_or(0);
-      E.Col = number(*O, {"col", "column"}).value_or(0);
-    }
+    StringRef Ev = O->getString("ev").value_or("");
+    E.Kind = normalKind(Ev);
+    // "op" is the user-facing call the event happened in; op events name themselves.
+    E.Op = string(*O, {"op", "name", "write_op"});
+    if (Ev == "op")
+      E.Op = string(*O, {"name", "op"});
+    E.File = string(*O, {"file"});
+    E.Line = number(*O, {"line"}).value_or(0);
+    E.Col = number(*O, {"col"}).value_or(0);
     if (!E.File.empty())
       E.File = absolutePath(E.File, Dir);
-    E.Out = number(*O, {"storage", "out", "dst", "storage_id"}).value_or(-1);
+    E.Out = number(*O, {"storage", "dst_storage"}).value_or(-1);
+    if (const json::Array *Outs = O->getArray("outputs"))
+      if (!Outs->empty())
+        E.Out = (*Outs)[0].getAsInteger().value_or(-1);
     if (const json::Array *In = O->getArray("inputs"))
       for (const json::Value &I : *In)
         if (auto N = I.getAsInteger())
           E.Inputs.push_back(*N);
-    if (auto Src = number(*O, {"src", "src_storage"}))
-      E.Inputs.push_back((int64_t)*Src);
-    E.Bytes = number(*O, {"bytes", "nbytes"}).value_or(0);
-    std::string CK = string(*O, {"copy_kind", "copy"});
-    E.Implicit = O->getBoolean("implicit").value_or(false) || CK == "implicit";
-    E.Handles = number(*O, {"handles", "live_handles", "sharing", "use_count"}).value_or(0);
-    E.Shared = O->getBoolean("shared").value_or(false);
-    E.SumBefore = number(*O, {"sum_before"});
-    E.SumAfter = number(*O, {"sum_after"});
-    E.Sum = number(*O, {"sum", "digest"});
-    if (!E.Sum)
-      E.Sum = E.SumAfter;
-    E.Message = string(*O, {"message", "msg", "what"});
+    E.Tensor = O->getInteger(Ev == "copy" ? "dst_tensor" : "tensor").value_or(-1);
+    if (const json::Array *Outs = O->getArray("output_tensors"))
+      if (!Outs->empty())
+        E.Tensor = (*Outs)[0].getAsInteger().value_or(-1);
+    if (auto Src = O->getInteger("src_storage"))
+      E.Inputs.push_back(*Src);
+    E.Bytes = number(*O, {"bytes"}).value_or(0);
+    StringRef CopyKind = O->getString("kind").value_or("");
+    E.Implicit = Ev == "copy" && (CopyKind == "reshape" || CopyKind == "flatten");
+    if (Ev == "copy")
+      E.Op = CopyKind.str() == "copy_" ? "copy_" : (E.Op.empty() ? CopyKind.str() : E.Op);
+    // Other handles on the written storage: other tensors (views, aliases made
+    // by may-alias ops) and other handles on the same tensor.
+    E.Handles = std::max<int64_t>(O->getInteger("storage_refs").value_or(0),
+                                  O->getInteger("handles").value_or(0));
+    E.Sum = O->getNumber("sum");
+    if (Ev == "write") {
+      E.SumAfter = E.Sum;
+      // The tensor's digest before the write: the last one the trace recorded for it.
+      if (auto It = LastSum.find(E.Tensor); It != LastSum.end())
+        E.SumBefore = It->second;
+    }
+    if (E.Sum && E.Tensor >= 0)
+      LastSum[E.Tensor] = *E.Sum;
+    E.Message = string(*O, {"message"});
     if (E.Kind == "alloc") {
       Live += E.Bytes;
       T.PeakBytes = std::max<uint64_t>(T.PeakBytes, Live);

@@ -22,6 +22,7 @@ struct Event {
   std::string File; // absolute
   unsigned Line = 0, Col = 0;
   std::int64_t Out = -1;            // storage written or produced
+  std::int64_t Tensor = -1;         // tensor written or produced
   std::vector<std::int64_t> Inputs; // storages read
   std::uint64_t Bytes = 0;
   bool Implicit = false; // a copy the user did not ask for (reshape/flatten)

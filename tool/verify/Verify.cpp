@@ -15,6 +15,7 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
+#include "llvm/ADT/ScopeExit.h"
 
 #include <map>
 #include <set>
@@ -24,6 +25,7 @@ extern char **environ;
 using namespace llvm;
 namespace cl = llvm::cl;
 using clang::tidy::ClangTidyError;
+using clang::tooling::Diagnostic;
 using clang::tooling::Replacement;
 using clang::tooling::Replacements;
 
@@ -43,18 +45,14 @@ static cl::opt<std::string> StdinFile("verify-stdin",
                                       cl::desc("File fed to both programs' stdin ('-': tensor-tidy's own stdin; "
                                                "default: empty)"),
                                       cl::value_desc("file"), cl::init(""));
-static cl::opt<std::string> Format("verify-format", cl::desc("Report format: text (default) or json"),
-                                   cl::init("text"));
 static cl::opt<std::string> Cxx("verify-cxx", cl::desc("C++ compiler used to build the programs (default clang++-19)"),
                                 cl::init(""));
-static cl::opt<std::string> OutputFile("verify-output", cl::desc("Write the report to this file instead of stdout"),
-                                       cl::value_desc("file"), cl::init(""));
 static cl::opt<std::string> KeepDir("verify-keep",
                                     cl::desc("Keep the scratch copies, binaries and traces in this directory"),
                                     cl::value_desc("dir"), cl::init(""));
 
 void registerOptions(cl::OptionCategory &Category) {
-  cl::Option *Opts[] = {&Verify, &Timeout, &MemoryMB, std::addressof(ProgramArgs), &StdinFile, &Format, &Cxx, &OutputFile, &KeepDir};
+  cl::Option *Opts[] = {&Verify, &Timeout, &MemoryMB, std::addressof(ProgramArgs), &StdinFile, &Cxx, &KeepDir};
   for (cl::Option *O : Opts)
     O->addCategory(Category);
 }
@@ -115,7 +113,11 @@ std::string mib(double Bytes) {
   return formatv("{0} B", (int64_t)Bytes).str();
 }
 
-std::string num(double V) { return formatv("{0}", V).str(); }
+std::string num(double V) {
+  char Buf[32];
+  std::snprintf(Buf, sizeof Buf, "%.6g", V);
+  return Buf;
+}
 
 // The first identifier quoted in a diagnostic ('images' or `images`).
 std::string quotedName(StringRef Msg) {
@@ -197,7 +199,8 @@ std::string firstError(StringRef Out) {
 // ------------------------------------------------------------- the model --
 
 struct Finding {
-  const ClangTidyError *E;
+  const Diagnostic *E;
+  size_t Index; // in the driver's report
   std::string File; // absolute
   unsigned Line = 0, Col = 0;
   std::string Check, Message;
@@ -209,7 +212,7 @@ struct Finding {
   // Verdict.
   std::string Hazard;   // confirmed | not exercised | unconfirmed
   std::string Fix;      // verified | changed behaviour | does not compile | crashed | timed out | none | not exercised
-  std::vector<std::string> Evidence;
+  std::vector<std::string> HazardEv, FixEv;
   json::Object Figures;
   bool failed() const {
     return Fix == "changed behaviour" || Fix == "does not compile" || Fix == "crashed" || Fix == "timed out" ||
@@ -223,6 +226,8 @@ struct Program {
   std::vector<Finding *> Findings;
   std::map<std::string, std::string> Original, Fixed; // path -> text, for files with fixes
   std::map<std::string, Replacements> Reps;
+  std::map<std::string, std::vector<unsigned>> LineMaps; // original line -> fixed line
+  std::set<size_t> Tainted; // original-run events computed from a confirmed hazard's write
   std::string Status; // "" ok, else why the program could not be verified
   std::string OrigBuild, FixedBuild;
   RunResult OrigRun, FixedRun;
@@ -231,9 +236,8 @@ struct Program {
 };
 
 // Compile flags of File from the database, minus what would make it not link.
-std::vector<std::string> flagsFor(const clang::tooling::CompilationDatabase &DB, StringRef File, std::string &Dir) {
+std::vector<std::string> flagsFor(const std::vector<clang::tooling::CompileCommand> &Cmds, std::string &Dir) {
   std::vector<std::string> Flags;
-  auto Cmds = DB.getCompileCommands(File);
   if (Cmds.empty())
     return Flags;
   const auto &C = Cmds.front();
@@ -320,7 +324,11 @@ struct Verifier {
   std::string Compiler, Scratch, StdinPath;
   std::vector<std::unique_ptr<Program>> Programs;
   std::vector<std::unique_ptr<Finding>> Findings;
+  OutputFormat Format = OutputFormat::Text;
+  std::string Summary;
 
+  int verifyAll(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB,
+                ArrayRef<std::string> Files, std::string &Report);
   bool build(Program &P, bool Fixed, std::string &Log, std::string &Exe);
   void runProgram(Program &P, bool Fixed, const std::string &Exe);
   void judge(Program &P, Finding &F);
@@ -384,356 +392,416 @@ void Verifier::runProgram(Program &P, bool Fixed, const std::string &Exe) {
   (Fixed ? P.FixedTrace : P.OrigTrace) = std::move(T);
 }
 
+// Allocations and copies among some events.
+struct Counts {
+  unsigned Allocs = 0, Copies = 0, Implicit = 0;
+  uint64_t AllocBytes = 0, CopyBytes = 0, ImplicitBytes = 0, LargestImplicit = 0;
+  std::string AllocOp, ImplicitOp;
+};
+
+Counts count(ArrayRef<const Event *> Evs) {
+  Counts C;
+  for (const Event *E : Evs) {
+    if (E->Kind == "alloc") {
+      ++C.Allocs;
+      C.AllocBytes += E->Bytes;
+      if (C.AllocOp.empty())
+        C.AllocOp = E->Op;
+    } else if (E->isCopy()) {
+      ++C.Copies;
+      C.CopyBytes += E->Bytes;
+      if (E->Implicit) {
+        ++C.Implicit;
+        C.ImplicitBytes += E->Bytes;
+        C.LargestImplicit = std::max(C.LargestImplicit, E->Bytes);
+        C.ImplicitOp = E->Op;
+      }
+    }
+  }
+  return C;
+}
+
+bool isWriteCheck(StringRef C) { return C == "tensor-alias-then-mutate" || C == "tensor-inplace-on-detached"; }
+
+// The first line where two outputs differ, for the report.
+std::string outputDiff(StringRef A, StringRef B) {
+  SmallVector<StringRef> LA, LB;
+  A.split(LA, '\n');
+  B.split(LB, '\n');
+  for (size_t I = 0; I < std::max(LA.size(), LB.size()); ++I) {
+    StringRef X = I < LA.size() ? LA[I] : "", Y = I < LB.size() ? LB[I] : "";
+    if (X != Y)
+      return ("\"" + X.trim() + "\" became \"" + Y.trim() + "\"").str();
+  }
+  return "";
+}
+
 // What the original run says about the hazard at F's line.
 void Verifier::judge(Program &P, Finding &F) {
   const Trace &T = P.OrigTrace;
   std::string Where = baseName(F.File) + ":" + std::to_string(F.Line);
   std::vector<const Event *> At = T.at(F.File, F.Line);
   const Event *Err = T.errorAt(F.File, F.Line);
-  std::string What = uncaughtWhat(P.OrigRun.Stderr);
-
   if (At.empty() && !Err) {
     F.Hazard = "not exercised";
-    F.Evidence.push_back("line " + Where + " never ran in the original program" +
+    F.HazardEv.push_back("line " + Where + " never ran in the original program" +
                          (P.OrigRun.RC != 0 || P.OrigRun.Signalled ? " (it stopped early)" : ""));
     return;
   }
   StringRef C = F.Check;
+  Counts N = count(At);
   if (C == "tensor-view-non-contiguous") {
-    if (Err) {
-      F.Hazard = "confirmed";
-      F.Evidence.push_back(formatv("{0} at {1} threw: \"{2}\"", Err->Op.empty() ? "view" : Err->Op, Where,
-                                   Err->Message).str());
-      return;
-    }
-    F.Hazard = "unconfirmed";
-    F.Evidence.push_back("view at " + Where + " ran without error");
+    F.Hazard = Err ? "confirmed" : "unconfirmed";
+    F.HazardEv.push_back(Err ? formatv("{0} at {1} threw \"{2}\"", Err->Op.empty() ? "view" : Err->Op, Where,
+                                       Err->Message).str()
+                             : "view at " + Where + " ran without error");
     return;
   }
   if (C == "tensor-reshape-non-contiguous") {
-    unsigned N = 0;
-    uint64_t Bytes = 0, Each = 0;
-    std::string Op;
-    for (const Event *E : At)
-      if (E->isCopy() && E->Implicit) {
-        ++N;
-        Bytes += E->Bytes;
-        Each = std::max<uint64_t>(Each, E->Bytes);
-        Op = E->Op;
-      }
-    F.Figures["implicit_copies"] = N;
-    F.Figures["implicit_copy_bytes"] = (int64_t)Bytes;
-    if (N) {
-      F.Hazard = "confirmed";
-      F.Evidence.push_back(formatv("{0} at {1} copied {2} implicitly, {3} time{4}", Op.empty() ? "reshape" : Op,
-                                   Where, mib(Each), N, N == 1 ? "" : "s").str());
-    } else {
-      F.Hazard = "unconfirmed";
-      F.Evidence.push_back("the reshape at " + Where + " ran as a view (no implicit copy)");
-    }
+    F.Figures["implicit_copies"] = N.Implicit;
+    F.Figures["implicit_copy_bytes"] = (int64_t)N.ImplicitBytes;
+    F.Hazard = N.Implicit ? "confirmed" : "unconfirmed";
+    F.HazardEv.push_back(N.Implicit ? formatv("{0} at {1} copied {2} implicitly, {3} time{4}", N.ImplicitOp, Where,
+                                              mib(N.LargestImplicit), N.Implicit, N.Implicit == 1 ? "" : "s")
+                                          .str()
+                                    : "the reshape at " + Where + " ran as a view (no implicit copy)");
     return;
   }
   if (C == "tensor-clone-in-loop") {
-    unsigned N = 0;
-    uint64_t Bytes = 0;
-    std::string Op;
-    for (const Event *E : At)
-      if (E->isCopy() || E->Kind == "alloc") {
-        if (E->Kind == "alloc" && any_of(At, [&](const Event *C2) { return C2->isCopy() && C2->Out == E->Out; }))
-          continue; // counted through its copy
-        ++N;
-        Bytes += E->Bytes;
-        if (Op.empty())
-          Op = E->Op;
-      }
-    F.Figures["allocations"] = N;
-    F.Figures["allocated_bytes"] = (int64_t)Bytes;
-    if (N > 1) {
-      F.Hazard = "confirmed";
-      F.Evidence.push_back(formatv("{0} at {1} allocated {2} times, {3} in all", Op.empty() ? "copy" : Op, Where,
-                                   N, mib(Bytes)).str());
-    } else {
-      F.Hazard = "unconfirmed";
-      F.Evidence.push_back(formatv("the copy at {0} ran {1} time{2}", Where, N, N == 1 ? "" : "s").str());
-    }
+    F.Figures["allocations"] = N.Allocs;
+    F.Figures["allocated_bytes"] = (int64_t)N.AllocBytes;
+    F.Figures["copies"] = N.Copies;
+    F.Hazard = N.Allocs > 1 || N.Copies > 1 ? "confirmed" : "unconfirmed";
+    if (N.Allocs > 1)
+      F.HazardEv.push_back(formatv("{0} at {1} allocated {2} times, {3} in all", N.AllocOp, Where, N.Allocs,
+                                   mib(N.AllocBytes)).str());
+    else
+      F.HazardEv.push_back(formatv("the copy at {0} ran {1} time{2}", Where, N.Copies, N.Copies == 1 ? "" : "s")
+                               .str());
     return;
   }
-  // alias-then-mutate, inplace-on-detached and anything else that writes.
+  // Writes (alias-then-mutate, inplace-on-detached, and any other check that flags one).
   const Event *W = nullptr;
   for (const Event *E : At)
     if (E->Kind == "inplace" && (!W || E->Handles > W->Handles))
       W = E;
   if (!W) {
     F.Hazard = "unconfirmed";
-    F.Evidence.push_back("no in-place write at " + Where + " in the trace");
+    F.HazardEv.push_back("no in-place write at " + Where + " in the trace");
     return;
   }
   F.Figures["written_storage"] = W->Out;
-  std::string Holder = F.AliasName.empty() ? std::string("another handle") : "`" + F.AliasName + "`";
-  if (!F.AliasWhere.empty())
-    Holder += " (" + F.AliasWhere + ")";
-  if (W->Handles > 1 || W->Shared) {
+  std::string Name = F.AliasName.empty() ? std::string("another handle") : "`" + F.AliasName + "`";
+  std::string Holder = Name + (F.AliasWhere.empty() ? "" : " (aliased at " + F.AliasWhere + ")");
+  if (W->Handles > 1) {
     F.Hazard = "confirmed";
-    std::string S = formatv("{0} at {1} wrote storage #{2} while {3} still held it", W->Op, Where, W->Out,
-                            Holder).str();
+    std::string S = formatv("{0} at {1} wrote storage #{2} while {3} still held it", W->Op, Where, W->Out, Holder)
+                        .str();
     if (W->SumBefore && W->SumAfter && *W->SumBefore != *W->SumAfter)
-      S += formatv("; {0} changed from sum {1} to {2}", F.AliasName.empty() ? "its data" : "`" + F.AliasName + "`",
-                   num(*W->SumBefore), num(*W->SumAfter)).str();
-    F.Evidence.push_back(S);
+      S += formatv("; {0} changed from sum {1} to {2}", F.AliasName.empty() ? "its data" : Name, num(*W->SumBefore),
+                   num(*W->SumAfter)).str();
+    F.HazardEv.push_back(S);
   } else {
     F.Hazard = "unconfirmed";
-    F.Evidence.push_back(formatv("{0} at {1} wrote storage #{2}, which no other handle held", W->Op, Where, W->Out)
+    F.HazardEv.push_back(formatv("{0} at {1} wrote storage #{2}, which no other handle held", W->Op, Where, W->Out)
                              .str());
   }
-  // Autograd failures after the write (backward through a saved, overwritten tensor).
+  // backward() through a saved tensor this write changed.
   for (const Event &E : T.Events)
     if (E.Kind == "error" && E.Index > W->Index && StringRef(E.Message).contains("modified by an inplace")) {
       F.Hazard = "confirmed";
-      F.Evidence.push_back(formatv("{0} failed: a saved tensor was modified in place at {1}",
-                                   E.Op.empty() ? "backward()" : E.Op + "()", Where).str());
+      F.HazardEv.push_back("backward() failed: a saved tensor was modified in place at " + Where);
       break;
     }
-  if (F.Evidence.size() == 1 && !What.empty() && StringRef(What).contains("modified by an inplace")) {
-    F.Hazard = "confirmed";
-    F.Evidence.push_back("backward() failed: a saved tensor was modified in place at " + Where);
-  }
 }
 
-// What the fixed run says: hazard gone, everything else unchanged or explained.
+// What the fixed run says: the hazard's events are gone, and everything else
+// is unchanged or explained by the hazard's writes.
 void Verifier::compare(Program &P, Finding &F) {
+  const Finding *By = &F; // whose fix-it this finding is judged by
   if (!F.HasFix) {
-    F.Fix = "none";
-    return;
-  }
-  if (!F.FixApplied) {
+    // One fix-it may cover several findings (a clone where the alias is made).
+    By = nullptr;
+    for (Finding *G : P.Findings)
+      if (G->FixApplied && G->File == F.File && G->Check == F.Check && G->Line <= F.Line)
+        By = G;
+    if (!By || F.Hazard != "confirmed" || !P.FixedBuilt) {
+      F.Fix = "none";
+      return;
+    }
+  } else if (!F.FixApplied) {
     F.Fix = "not verified";
-    F.Evidence.push_back("the fix was not applied: " + F.FixConflict);
+    F.FixEv.push_back("the fix was not applied: " + F.FixConflict);
     return;
   }
   if (!P.FixedBuilt) {
     F.Fix = "does not compile";
-    F.Evidence.push_back("fixed program: " + firstError(P.FixedBuild));
+    F.FixEv.push_back("fixed program: " + firstError(P.FixedBuild));
     return;
   }
   const RunResult &O = P.OrigRun, &X = P.FixedRun;
   if (X.TimedOut) {
     F.Fix = "timed out";
-    F.Evidence.push_back(formatv("the fixed program ran past {0} s", Timeout.getValue()).str());
+    F.FixEv.push_back(formatv("the fixed program ran past {0} s", Timeout.getValue()).str());
     return;
   }
-  const Trace &TF = P.FixedTrace, &TO = P.OrigTrace;
-  std::string FWhere = baseName(F.File) + ":" + std::to_string(F.FixedLine);
-  bool OrigFailed = O.Signalled || O.RC != 0 || O.TimedOut;
+  bool OrigFailed = O.Signalled || O.RC != 0;
   if (X.Signalled || X.RC != 0) {
-    // A fixed program that fails the same way the original did proves nothing about this fix.
-    std::string Why = X.Signalled ? X.Signal : "exit code " + std::to_string(X.RC);
     std::string W = uncaughtWhat(X.Stderr);
     F.Fix = "crashed";
-    F.Evidence.push_back("the fixed program failed (" + Why + ")" + (W.empty() ? "" : ": \"" + W + "\""));
+    F.FixEv.push_back("the fixed program failed (" + (X.Signalled ? X.Signal : "exit code " + std::to_string(X.RC)) +
+                      ")" + (W.empty() ? "" : ": \"" + W + "\""));
     return;
   }
   if (F.Hazard == "not exercised") {
     F.Fix = "not exercised";
     return;
   }
-  std::set<unsigned> Lines = F.FixedLines;
+  const Trace &TF = P.FixedTrace;
+  std::string FWhere = baseName(F.File) + ":" + std::to_string(F.FixedLine);
+  std::set<unsigned> Lines = By->FixedLines;
   Lines.insert(F.FixedLine);
-  auto AtFix = [&](auto Pred) {
-    std::vector<const Event *> R;
-    for (unsigned L : Lines)
-      for (const Event *E : TF.at(F.File, L))
-        if (Pred(*E))
-          R.push_back(E);
-    return R;
-  };
+  std::vector<const Event *> AtFix;
+  for (unsigned L : Lines)
+    for (const Event *E : TF.at(F.File, L))
+      AtFix.push_back(E);
+  Counts N = count(AtFix);
   StringRef C = F.Check;
-  std::vector<std::string> Gone;
+  std::string Gone, Remains;
   if (C == "tensor-view-non-contiguous") {
-    if (TF.errorAt(F.File, F.FixedLine)) {
-      F.Fix = "not verified";
-      F.Evidence.push_back("the fixed program still fails at " + FWhere);
-      return;
-    }
-    Gone.push_back("no error at " + FWhere + " any more");
-    auto Copies = AtFix([](const Event &E) { return E.isCopy(); });
-    if (!Copies.empty()) {
-      uint64_t B = 0;
-      for (auto *E : Copies)
-        B += E->Bytes;
-      Gone.back() += formatv(" (it copies {0} instead, {1} time{2})", mib(B / Copies.size()), Copies.size(),
-                             Copies.size() == 1 ? "" : "s").str();
-    }
+    if (TF.errorAt(F.File, F.FixedLine))
+      Remains = "the fixed program still throws at " + FWhere;
+    else
+      Gone = "no error at " + FWhere +
+             (N.Copies ? formatv(" (it copies {0} instead, {1} time{2})", mib(N.CopyBytes / N.Copies), N.Copies,
+                                 N.Copies == 1 ? "" : "s").str()
+                       : std::string(""));
   } else if (C == "tensor-reshape-non-contiguous") {
-    auto Implicit = AtFix([](const Event &E) { return E.isCopy() && E.Implicit; });
-    auto Explicit = AtFix([](const Event &E) { return E.isCopy() && !E.Implicit; });
-    if (!Implicit.empty()) {
-      F.Fix = "not verified";
-      F.Evidence.push_back(formatv("{0} implicit copies remain at {1}", Implicit.size(), FWhere).str());
-      return;
-    }
-    int64_t Before = F.Figures.getInteger("implicit_copies").value_or(0);
-    Gone.push_back(formatv("implicit copies {0} -> 0; the copy is explicit now ({1} explicit)", Before,
-                           Explicit.size()).str());
-    F.Figures["explicit_copies_after"] = (int64_t)Explicit.size();
+    F.Figures["implicit_copies_after"] = N.Implicit;
+    F.Figures["explicit_copies_after"] = N.Copies - N.Implicit;
+    if (N.Implicit)
+      Remains = formatv("{0} implicit copies remain at {1}", N.Implicit, FWhere).str();
+    else
+      Gone = formatv("implicit copies {0} -> 0 (the copy is explicit now: {1})",
+                     F.Figures.getInteger("implicit_copies").value_or(0), N.Copies).str();
   } else if (C == "tensor-clone-in-loop") {
-    auto After = AtFix([](const Event &E) { return E.isCopy() || E.Kind == "alloc"; });
-    size_t N = 0;
-    for (auto *E : After)
-      if (!(E->Kind == "alloc" && any_of(After, [&](const Event *C2) { return C2->isCopy() && C2->Out == E->Out; })))
-        ++N;
     int64_t Before = F.Figures.getInteger("allocations").value_or(0);
-    F.Figures["allocations_after"] = (int64_t)N;
-    if ((int64_t)N >= Before && Before > 1) {
-      F.Fix = "not verified";
-      F.Evidence.push_back(formatv("allocations {0} -> {1}: no fewer", Before, N).str());
-      return;
+    F.Figures["allocations_after"] = N.Allocs;
+    F.Figures["copies_after"] = N.Copies;
+    if (Before > 1 && N.Allocs >= Before) {
+      Remains = formatv("allocations {0} -> {1}: no fewer", Before, N.Allocs).str();
+    } else {
+      Gone = formatv("allocations {0} -> {1}", Before, N.Allocs).str();
+      int64_t CopiesBefore = F.Figures.getInteger("copies").value_or(0);
+      if (CopiesBefore != N.Copies)
+        Gone += formatv(", copies {0} -> {1}", CopiesBefore, N.Copies).str();
+      if (P.OrigTrace.PeakBytes && TF.PeakBytes && P.OrigTrace.PeakBytes != TF.PeakBytes) {
+        int64_t D = (int64_t)TF.PeakBytes - (int64_t)P.OrigTrace.PeakBytes;
+        F.Figures["peak_bytes_before"] = (int64_t)P.OrigTrace.PeakBytes;
+        F.Figures["peak_bytes_after"] = (int64_t)TF.PeakBytes;
+        Gone += ", peak memory " + std::string(D < 0 ? "-" : "+") + mib(std::abs((double)D));
+      }
     }
-    std::string S = formatv("allocations {0} -> {1}", Before, N).str();
-    if (TO.PeakBytes && TF.PeakBytes) {
-      int64_t D = (int64_t)TF.PeakBytes - (int64_t)TO.PeakBytes;
-      F.Figures["peak_bytes_before"] = (int64_t)TO.PeakBytes;
-      F.Figures["peak_bytes_after"] = (int64_t)TF.PeakBytes;
-      if (D != 0)
-        S += ", peak memory " + std::string(D < 0 ? "-" : "+") + mib(std::abs((double)D));
-    }
-    Gone.push_back(S);
   } else {
-    // Writes: the in-place write through a shared storage is gone.
-    auto Shared = AtFix([](const Event &E) { return E.Kind == "inplace" && (E.Handles > 1 || E.Shared); });
-    if (!Shared.empty()) {
-      F.Fix = "not verified";
-      F.Evidence.push_back(formatv("{0} at {1} still writes a storage other handles hold", Shared.front()->Op,
-                                   FWhere).str());
-      return;
-    }
-    bool BackwardFailedBefore =
-        any_of(TO.Events, [](const Event &E) { return E.Kind == "error"; }) || OrigFailed;
-    Gone.push_back("no shared storage is written at " + FWhere + " any more" +
-                   (BackwardFailedBefore ? "; the program now runs to completion" : ""));
+    const Event *Shared = nullptr;
+    for (const Event *E : AtFix)
+      if (E->Kind == "inplace" && E->Handles > 1)
+        Shared = E;
+    if (Shared)
+      Remains = formatv("{0} at {1} still writes a storage another handle holds", Shared->Op, FWhere).str();
+    else
+      Gone = "no shared storage is written at " + FWhere + " any more";
   }
+  if (!Remains.empty()) {
+    // A fix that leaves the hazard in place fails; a finding without its own fix-it just stays.
+    F.Fix = By == &F ? "not verified" : "none";
+    if (By == &F)
+      F.FixEv.push_back(Remains);
+    return;
+  }
+  if (By != &F)
+    Gone += formatv(" (by the fix-it of the finding at {0}:{1})", baseName(By->File), By->Line).str();
 
-  // Everything the fix should not change. Values at trace points both runs share are compared;
-  // differences downstream of the hazard's write are explained by the original trace's data flow.
-  std::set<size_t> Tainted;
-  if (auto S = F.Figures.getInteger("written_storage"))
-    Tainted = TO.downstreamOf(*S, F.File, F.Line);
+  // Everything the fix should not change: values at the trace points both runs
+  // share, unless they were computed from a hazard's write (P.Tainted).
   std::vector<std::string> Unexplained, Explained;
   unsigned Compared = 0;
-  for (const auto &Pair : TO.pairWith(TF, [&](StringRef File, unsigned L) -> unsigned {
-         auto R = P.Reps.find(File.str());
-         if (R == P.Reps.end())
-           return L;
-         static std::map<std::string, std::vector<unsigned>> Cache;
-         auto &M = Cache[File.str() + "#" + std::to_string((uintptr_t)&P)];
-         if (M.empty())
-           M = mapLines(P.Original[File.str()], P.Fixed[File.str()], R->second);
-         return L < M.size() ? M[L] : L;
+  for (const auto &Pair : P.OrigTrace.pairWith(TF, [&](StringRef File, unsigned L) -> unsigned {
+         auto M = P.LineMaps.find(File.str());
+         return M != P.LineMaps.end() && L < M->second.size() ? M->second[L] : L;
        })) {
     const Event *A = Pair.first, *B = Pair.second;
-    if (!A->Sum || !B->Sum)
-      continue;
     ++Compared;
-    double Tol = 1e-5 * std::max(1.0, std::abs(*A->Sum));
-    if (std::abs(*A->Sum - *B->Sum) <= Tol)
+    if (std::abs(*A->Sum - *B->Sum) <= 1e-5 * std::max(1.0, std::abs(*A->Sum)))
       continue;
     std::string D = formatv("{0} at {1}:{2} (sum {3} -> {4})", A->Op, baseName(A->File), A->Line, num(*A->Sum),
                             num(*B->Sum)).str();
-    if (Tainted.count(A->Index))
-      Explained.push_back(D);
-    else
-      Unexplained.push_back(D);
+    (P.Tainted.count(A->Index) ? Explained : Unexplained).push_back(D);
   }
   F.Figures["values_compared"] = (int64_t)Compared;
   F.Figures["values_differing_explained"] = (int64_t)Explained.size();
+  std::string Diff = outputDiff(O.Stdout, X.Stdout);
   bool OutputDiffers = O.Stdout != X.Stdout;
   if (!Unexplained.empty() || (OutputDiffers && Explained.empty() && !OrigFailed)) {
     F.Fix = "changed behaviour";
-    for (auto &G : Gone)
-      F.Evidence.push_back(G);
+    F.FixEv.push_back(Gone);
     for (size_t I = 0; I < Unexplained.size() && I < 3; ++I)
-      F.Evidence.push_back("differs, not downstream of the hazard: " + Unexplained[I]);
-    if (OutputDiffers) {
-      auto First = [](StringRef S) { return S.trim().split('\n').first.str(); };
-      size_t Pos = 0;
-      while (Pos < O.Stdout.size() && Pos < X.Stdout.size() && O.Stdout[Pos] == X.Stdout[Pos])
-        ++Pos;
-      size_t LineStart = StringRef(O.Stdout).substr(0, Pos).rfind('\n');
-      LineStart = LineStart == StringRef::npos ? 0 : LineStart + 1;
-      F.Evidence.push_back("program output differs: \"" + First(StringRef(O.Stdout).substr(LineStart)) +
-                           "\" became \"" + First(StringRef(X.Stdout).substr(LineStart)) + "\"");
-    }
+      F.FixEv.push_back("differs, not computed from the hazard's write: " + Unexplained[I]);
+    if (OutputDiffers)
+      F.FixEv.push_back("program output differs: " + Diff);
     return;
   }
   F.Fix = "verified";
-  for (auto &G : Gone)
-    F.Evidence.push_back(G);
-  std::string Same = OrigFailed ? "the original failed; the fixed program exits 0"
-                                : (OutputDiffers ? "program output differs only downstream of the write"
-                                                 : "program output unchanged");
-  Same += formatv(", {0} of {1} values at shared trace points unchanged", Compared - Explained.size(), Compared)
-              .str();
+  F.FixEv.push_back(Gone);
+  if (OrigFailed)
+    F.FixEv.push_back("the original failed, the fixed program exits 0");
+  else if (OutputDiffers)
+    F.FixEv.push_back("program output differs only where computed from the hazard's write: " + Diff);
+  else
+    F.FixEv.push_back("program output unchanged");
+  if (Compared)
+    F.FixEv.push_back(formatv("{0} of {1} values at shared trace points unchanged", Compared - Explained.size(),
+                              Compared).str());
   if (!Explained.empty())
-    Same += formatv("; {0} differ downstream of the write at {1}:{2}, e.g. {3}", Explained.size(),
-                    baseName(F.File), F.Line, Explained.front()).str();
-  F.Evidence.push_back(Same);
+    F.FixEv.push_back(formatv("{0} differ{1} downstream of the write, e.g. {2}", Explained.size(),
+                              Explained.size() == 1 ? "s" : "", Explained.front()).str());
 }
 
 } // namespace
 
 // -------------------------------------------------------------- the driver --
 
-int run(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB, ArrayRef<std::string> Files,
-        const char *Argv0, std::string &Report) {
+namespace {
+int fail(const Twine &Msg, int Code = ExitUsage) {
+  errs() << "tensor-tidy: error: " << Msg << "\n";
+  return Code;
+}
+
+std::string relativeToCwd(StringRef Path) {
+  SmallString<256> Cwd;
+  sys::fs::current_path(Cwd);
+  StringRef P(Path);
+  if (P.consume_front(Cwd) && P.consume_front("/"))
+    return P.str();
+  return Path.str();
+}
+
+json::Object toJSON(const Finding &F) {
+  return json::Object{{"hazard", F.Hazard},
+                      {"fix", F.Fix},
+                      {"hazard_evidence", json::Array(F.HazardEv)},
+                      {"fix_evidence", json::Array(F.FixEv)},
+                      {"figures", json::Object(F.Figures)}};
+}
+} // namespace
+
+int runVerify(DriverOptions &Opts, const char *Argv0) {
   Verifier V;
   V.RT = findRuntime(Argv0);
   V.Compiler = findCompiler();
-  raw_string_ostream OS(Report);
-  if (V.RT.LibDir.empty() || V.RT.Include.empty()) {
-    OS << "tensor-tidy: error: --verify cannot find the runtime (libtt_runtime.so and tt/tt.h) next to "
-       << Argv0 << "\n";
-    return 2;
-  }
-  if (Format != "text" && Format != "json") {
-    OS << "tensor-tidy: error: --verify-format must be 'text' or 'json'\n";
-    return 2;
-  }
+  if (V.RT.LibDir.empty() || V.RT.Include.empty())
+    return fail(Twine("--verify cannot find the runtime (libtt_runtime.so and tt/tt.h) next to ") + Argv0);
   SmallString<128> Tmp;
   if (!KeepDir.empty()) {
     sys::fs::create_directories(KeepDir);
     Tmp = absolute(KeepDir, "");
   } else if (auto EC = sys::fs::createUniqueDirectory("tensor-tidy-verify", Tmp)) {
-    OS << "tensor-tidy: error: cannot create a scratch directory: " << EC.message() << "\n";
-    return 2;
+    return fail("cannot create a scratch directory: " + EC.message());
   }
   V.Scratch = std::string(Tmp);
+  auto Cleanup = make_scope_exit([&] {
+    if (KeepDir.empty())
+      sys::fs::remove_directories(V.Scratch);
+  });
   if (StdinFile == "-") {
     V.StdinPath = V.Scratch + "/stdin";
     auto In = MemoryBuffer::getSTDIN();
     writeFile(V.StdinPath, In ? (*In)->getBuffer() : "");
   } else if (!StdinFile.empty()) {
     V.StdinPath = absolute(StdinFile, "");
-    if (!sys::fs::exists(V.StdinPath)) {
-      OS << "tensor-tidy: error: --verify-stdin: no such file '" << StdinFile << "'\n";
-      return 2;
-    }
+    if (!sys::fs::exists(V.StdinPath))
+      return fail("--verify-stdin: no such file '" + StdinFile + "'");
   }
 
+  // JSON and SARIF get the verdicts as properties of each result: the driver
+  // writes to a scratch file, read back below.
+  std::string UserOutput = Opts.Output;
+  if (Opts.Format != OutputFormat::Text)
+    Opts.Output = V.Scratch + "/report.json";
+  V.Format = Opts.Format;
+  Opts.AfterAnalysis = [&V](ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB,
+                            ArrayRef<std::string> Files, std::string &Report) {
+    return V.verifyAll(Errors, DB, Files, Report);
+  };
+  int RC = runDriver(Opts);
+  if (Opts.Format == OutputFormat::Text || !sys::fs::exists(Opts.Output))
+    return RC;
+  std::string Report;
+  raw_string_ostream OS(Report);
+  auto Parsed = json::parse(readFile(Opts.Output));
+  if (!Parsed)
+    return fail("cannot read the driver's report back: " + toString(Parsed.takeError()));
+  json::Object *Root = Parsed->getAsObject();
+  json::Array *Results = nullptr;
+  json::Object *Run = nullptr;
+  if (Opts.Format == OutputFormat::Json) {
+    Results = Root ? Root->getArray("diagnostics") : nullptr;
+  } else if (json::Array *Runs = Root ? Root->getArray("runs") : nullptr) {
+    if (!Runs->empty() && (Run = (*Runs)[0].getAsObject()))
+      Results = Run->getArray("results");
+  }
+  auto Properties = [](json::Object &O) -> json::Object & {
+    if (!O.getObject("properties"))
+      O["properties"] = json::Object{};
+    return *O.getObject("properties");
+  };
+  // Results are in the order of the findings the hook was given.
+  for (auto &F : V.Findings) {
+    json::Object *R = Results && F->Index < Results->size() ? (*Results)[F->Index].getAsObject() : nullptr;
+    if (!R)
+      continue;
+    if (Opts.Format == OutputFormat::Json)
+      (*R)["verify"] = toJSON(*F);
+    else
+      Properties(*R)["tensorTidyVerify"] = toJSON(*F);
+  }
+  json::Object Summary{{"summary", V.Summary}, {"exit_code", RC}};
+  if (Opts.Format == OutputFormat::Json && Root)
+    (*Root)["verify"] = std::move(Summary);
+  else if (Run)
+    Properties(*Run)["tensorTidyVerify"] = std::move(Summary);
+  OS << formatv("{0:2}", json::Value(std::move(*Parsed))) << "\n";
+  OS.flush();
+  if (UserOutput.empty()) {
+    outs() << Report;
+    outs().flush();
+  } else if (!writeFile(UserOutput, Report)) {
+    return fail("cannot write '" + UserOutput + "'");
+  }
+  return RC;
+}
+
+int Verifier::verifyAll(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB,
+                        ArrayRef<std::string> Files, std::string &Report) {
+  Verifier &V = *this;
   // Programs: one per input TU.
   std::set<std::string> TUs;
   for (const std::string &F : Files) {
     auto P = std::make_unique<Program>();
-    P->Flags = flagsFor(DB, F, P->Dir);
-    P->File = absolute(F, "");
+    P->Flags = flagsFor(DB.getCompileCommands(F), P->Dir);
+    P->File = F;
     TUs.insert(P->File);
     V.Programs.push_back(std::move(P));
   }
   // Findings, with their lines and fixes; a finding in a header belongs to every program.
   std::map<std::string, std::string> Text;
-  for (const ClangTidyError &E : Errors) {
+  for (size_t I = 0; I < Errors.size(); ++I) {
+    const Diagnostic &E = Errors[I];
     if (StringRef(E.DiagnosticName).starts_with("clang-diagnostic") || E.Message.FilePath.empty())
       continue;
     auto F = std::make_unique<Finding>();
     F->E = &E;
+    F->Index = I;
     F->File = absolute(E.Message.FilePath, E.BuildDirectory);
     if (!Text.count(F->File))
       Text[F->File] = readFile(F->File);
@@ -742,7 +810,11 @@ int run(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDataba
     F->Col = E.Message.FileOffset - L.Starts[F->Line - 1] + 1;
     F->Check = E.DiagnosticName;
     F->Message = E.Message.Message;
-    F->AliasName = quotedName(E.Message.Message);
+    // "... also changes 'images', ...": the other handle.
+    StringRef Msg = E.Message.Message;
+    for (StringRef Key : {"changes '", "change '"})
+      if (size_t P = Msg.find(Key); P != StringRef::npos && F->AliasName.empty())
+        F->AliasName = quotedName(Msg.substr(P + Key.size() - 1));
     for (const auto &N : E.Notes) {
       if (F->AliasName.empty())
         F->AliasName = quotedName(N.Message);
@@ -793,13 +865,14 @@ int run(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDataba
         continue;
       }
       P.Fixed[Path] = *Fixed;
+      P.LineMaps[Path] = mapLines(P.Original[Path], *Fixed, Reps);
     }
     for (Finding *F : P.Findings) {
       F->FixedLine = F->Line;
       auto R = P.Reps.find(F->File);
       if (R == P.Reps.end() || !P.Fixed.count(F->File))
         continue;
-      auto M = mapLines(P.Original[F->File], P.Fixed[F->File], R->second);
+      const auto &M = P.LineMaps[F->File];
       F->FixedLine = F->Line < M.size() ? M[F->Line] : F->Line;
       if (!F->FixApplied)
         continue;
@@ -809,9 +882,15 @@ int run(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDataba
         for (const Replacement &Rep : Reps) {
           if (absolute(Rep.getFilePath(), F->E->BuildDirectory) != F->File)
             continue;
-          unsigned B = R->second.getShiftedCodePosition(Rep.getOffset());
-          unsigned E = B + Rep.getReplacementText().size();
-          for (unsigned L = LF.lineOf(B); L <= LF.lineOf(E ? E - 1 : E); ++L)
+          // The lines the fix wrote code on (a deletion writes none).
+          StringRef Text = Rep.getReplacementText();
+          if (Text.trim().empty())
+            continue;
+          // An insertion's own offset is shifted past its text: step back over it.
+          unsigned B = R->second.getShiftedCodePosition(Rep.getOffset()) - (Rep.getLength() ? 0 : Text.size()) +
+                       (Text.size() - Text.ltrim().size());
+          unsigned E = B + Text.trim().size();
+          for (unsigned L = LF.lineOf(B); L <= LF.lineOf(E - 1); ++L)
             F->FixedLines.insert(L);
         }
     }
@@ -857,82 +936,67 @@ int run(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDataba
     Program &P = *PP;
     for (Finding *F : P.Findings) {
       if (!P.Status.empty()) {
-        F->Hazard = "not verified";
+        F->Hazard = P.OrigRun.TimedOut ? "timed out" : "not verified";
         F->Fix = "not verified";
-        F->Evidence.push_back(P.Status);
+        F->HazardEv.push_back(P.Status);
         continue;
       }
       V.judge(P, *F);
-      if (P.OrigRun.Signalled || P.OrigRun.RC != 0) {
+    }
+    // Values computed from any confirmed hazard's write may differ in the fixed run.
+    for (Finding *F : P.Findings)
+      if (F->Hazard == "confirmed" && isWriteCheck(F->Check))
+        if (auto S = F->Figures.getInteger("written_storage")) {
+          auto D = P.OrigTrace.downstreamOf(*S, F->File, F->Line);
+          P.Tainted.insert(D.begin(), D.end());
+        }
+    for (Finding *F : P.Findings) {
+      if (F->Hazard == "not verified" || F->Hazard == "timed out")
+        continue;
+      if (F->Hazard != "confirmed" && (P.OrigRun.Signalled || P.OrigRun.RC != 0)) {
         std::string W = uncaughtWhat(P.OrigRun.Stderr);
-        if (F->Hazard != "confirmed")
-          F->Evidence.push_back("the original program failed (" +
-                                (P.OrigRun.Signalled ? P.OrigRun.Signal : "exit code " + std::to_string(P.OrigRun.RC)) +
-                                ")" + (W.empty() ? "" : ": \"" + W + "\""));
+        F->HazardEv.push_back("the original program failed (" +
+                              (P.OrigRun.Signalled ? P.OrigRun.Signal : "exit code " + std::to_string(P.OrigRun.RC)) +
+                              ")" + (W.empty() ? "" : ": \"" + W + "\""));
       }
       V.compare(P, *F);
     }
   }
   for (auto &F : V.Findings)
-    if (F->failed() || F->Hazard == "not verified")
+    if (F->failed() || F->Hazard == "not verified" || F->Hazard == "timed out")
       RC = 4;
 
-  // Report.
-  auto Rel = [](StringRef Path) {
-    SmallString<256> Cwd;
-    sys::fs::current_path(Cwd);
-    StringRef P(Path);
-    if (P.consume_front(Cwd) && P.consume_front("/"))
-      return P.str();
-    return Path.str();
-  };
-  if (Format == "json") {
-    json::Array Arr;
-    for (auto &PP : V.Programs)
-      for (Finding *F : PP->Findings)
-        Arr.push_back(json::Object{{"program", Rel(PP->File)},
-                                   {"file", Rel(F->File)},
-                                   {"line", F->Line},
-                                   {"column", F->Col},
-                                   {"check", F->Check},
-                                   {"message", F->Message},
-                                   {"hazard", F->Hazard},
-                                   {"fix", F->Fix},
-                                   {"evidence", json::Array(F->Evidence)},
-                                   {"figures", json::Object(F->Figures)}});
-    OS << formatv("{0:2}", json::Value(json::Object{{"verify", std::move(Arr)}, {"exit_code", RC}})) << "\n";
-  } else {
-    unsigned Conf = 0, Ver = 0, NotEx = 0, Failed = 0, Total = 0;
-    for (auto &PP : V.Programs) {
-      if (PP->Findings.empty())
-        continue;
-      OS << "== " << Rel(PP->File) << "\n";
-      for (Finding *F : PP->Findings) {
-        ++Total;
-        Conf += F->Hazard == "confirmed";
-        Ver += F->Fix == "verified";
-        NotEx += F->Hazard == "not exercised";
-        Failed += F->failed();
-        OS << Rel(F->File) << ":" << F->Line << ":" << F->Col << ": [" << F->Check << "] " << F->Message << "\n";
-        OS << "  hazard " << F->Hazard;
-        OS << "; fix " << (F->Fix == "none" ? "none offered" : F->Fix) << "\n";
-        for (const auto &E : F->Evidence)
-          OS << "    - " << E << "\n";
-      }
-    }
-    OS << formatv("verify: {0} finding{1}: {2} hazard{3} confirmed, {4} fix{5} verified, {6} not exercised, {7} "
-                  "failed verification\n",
-                  Total, Total == 1 ? "" : "s", Conf, Conf == 1 ? "" : "s", Ver, Ver == 1 ? "" : "es", NotEx, Failed);
+  // Report: text after the diagnostics; json/sarif: see runVerify.
+  raw_string_ostream OS(Report);
+  unsigned Conf = 0, Ver = 0, NotEx = 0, Failed = 0, Total = 0;
+  for (auto &F : V.Findings) {
+    ++Total;
+    Conf += F->Hazard == "confirmed";
+    Ver += F->Fix == "verified";
+    NotEx += F->Hazard == "not exercised";
+    Failed += F->failed();
   }
-  if (KeepDir.empty())
-    sys::fs::remove_directories(V.Scratch);
-  if (!OutputFile.empty()) {
-    if (!writeFile(OutputFile, Report)) {
-      Report = "tensor-tidy: error: cannot write '" + OutputFile + "'\n";
-      return 2;
+  std::string Summary =
+      formatv("{0} finding{1}: {2} hazard{3} confirmed, {4} fix{5} verified, {6} not exercised, {7} failed "
+              "verification",
+              Total, Total == 1 ? "" : "s", Conf, Conf == 1 ? "" : "s", Ver, Ver == 1 ? "" : "es", NotEx, Failed)
+          .str();
+  V.Summary = Summary;
+  if (Format != OutputFormat::Text)
+    return RC;
+  OS << "\n";
+  for (auto &PP : V.Programs) {
+    if (PP->Findings.empty())
+      continue;
+    OS << "verify " << relativeToCwd(PP->File) << "\n";
+    for (Finding *F : PP->Findings) {
+      OS << relativeToCwd(F->File) << ":" << F->Line << ":" << F->Col << ": [" << F->Check << "]\n";
+      OS << "  hazard " << F->Hazard << (F->HazardEv.empty() ? "" : ": ") << join(F->HazardEv, "; ") << "\n";
+      OS << "  fix " << (F->Fix == "none" ? "none offered" : F->Fix) << (F->FixEv.empty() ? "" : ": ")
+         << join(F->FixEv, "; ") << "\n";
     }
-    Report.clear();
   }
+  OS << "verify: " << Summary << "\n";
   return RC;
 }
 

@@ -8,8 +8,8 @@
 // location. See docs/verify.md.
 #pragma once
 
-#include "ClangTidyDiagnosticConsumer.h"
-#include "clang/Tooling/CompilationDatabase.h"
+#include "../Driver.h"
+
 #include "llvm/Support/CommandLine.h"
 
 #include <string>
@@ -24,13 +24,12 @@ void registerOptions(llvm::cl::OptionCategory &Category);
 /// True when --verify was given.
 bool enabled();
 
-/// Runs the verification. Reads every source before returning, so the caller
-/// may apply --fix afterwards. Appends the report (text or JSON, per
-/// --verify-format) to Report and returns the exit code: 0 when every finding
-/// was handled and no fix failed, 4 when a fix failed verification or a
-/// program could not be built or run.
-int run(llvm::ArrayRef<clang::tidy::ClangTidyError> Findings,
-        const clang::tooling::CompilationDatabase &DB, llvm::ArrayRef<std::string> Files,
-        const char *Argv0, std::string &Report);
+/// Takes over the run when --verify is given: runs the driver (diagnostics are
+/// reported as usual, fixes go to a scratch file first), then verifies every
+/// finding, appends the verdicts to the report (text: after the diagnostics;
+/// json/sarif: as properties of each result), and applies --fix last. Returns
+/// the driver's exit code when it failed (2, 3), else 0 when no fix failed
+/// verification and 4 when one did or a program could not be verified.
+int runVerify(DriverOptions &Opts, const char *Argv0);
 
 } // namespace tensor_tidy::verify

@@ -1,10 +1,13 @@
 #include <tt/tt.h>
 #include <cstdio>
-tt::Tensor flattenT(const tt::Tensor &x) { return x.t().view({-1}); }
-int main(int argc, char **) {
+tt::Tensor flatTransposed() {
   tt::Tensor x = tt::ones({2, 3});
+  return x.t().view({-1});
+}
+int main(int argc, char **) {
+  long n = 6;
   if (argc > 1) // only with an argument
-    x = flattenT(x);
-  std::printf("numel %ld\n", (long)x.numel());
+    n = flatTransposed().numel();
+  std::printf("numel %ld\n", n);
   return 0;
 }
