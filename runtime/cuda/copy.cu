@@ -112,10 +112,12 @@ template <typename Elem> Elem scalarBits(double v, DType dt) {
   return Elem{};
 }
 
-template <typename Elem> void launchFillDense(void *dst, double v, DType dt, std::int64_t n,
+template <typename Elem> void launchFillDense(void *dst, const Operand &v, DType dt, std::int64_t n,
                                               cudaStream_t s) {
-  fillDenseKernel<Elem><<<gridFor(n, kBlock), kBlock, 0, s>>>(static_cast<Elem *>(dst),
-                                                               scalarBits<Elem>(v, dt), n);
+  const Elem bits = dt == DType::Long ? bitsOf<Elem>(static_cast<std::int64_t>(v.iscalar))
+                    : dt == DType::Int ? bitsOf<Elem>(static_cast<std::int32_t>(v.iscalar))
+                                       : scalarBits<Elem>(v.scalar, dt);
+  fillDenseKernel<Elem><<<gridFor(n, kBlock), kBlock, 0, s>>>(static_cast<Elem *>(dst), bits, n);
   TT_CUDA_CHECK_LAUNCH();
 }
 
@@ -159,16 +161,16 @@ void copy(const Operand &dst, const Operand &src, void *stream) {
   }
   if (!sv.data && p.ndim == 1 && p.strides[0][0] == 1) { // dense fill
     switch (es) {
-    case 1: launchFillDense<std::uint8_t>(dst.data, sv.scalar, dst.dtype, n, s); return;
-    case 2: launchFillDense<std::uint16_t>(dst.data, sv.scalar, dst.dtype, n, s); return;
-    case 4: launchFillDense<std::uint32_t>(dst.data, sv.scalar, dst.dtype, n, s); return;
-    case 8: launchFillDense<std::uint64_t>(dst.data, sv.scalar, dst.dtype, n, s); return;
+    case 1: launchFillDense<std::uint8_t>(dst.data, sv, dst.dtype, n, s); return;
+    case 2: launchFillDense<std::uint16_t>(dst.data, sv, dst.dtype, n, s); return;
+    case 4: launchFillDense<std::uint32_t>(dst.data, sv, dst.dtype, n, s); return;
+    case 8: launchFillDense<std::uint64_t>(dst.data, sv, dst.dtype, n, s); return;
     }
   }
   const OffsetCalc<2> oc = makeOffsetCalc<2>(p);
   if (isIntegral(dst.dtype) && isIntegral(sv.dtype))
     copyConvertKernel<long long><<<gridFor(n, kBlock), kBlock, 0, s>>>(
-        dst.data, dst.dtype, sv.data, sv.dtype, static_cast<long long>(sv.scalar), oc, n);
+        dst.data, dst.dtype, sv.data, sv.dtype, static_cast<long long>(sv.iscalar), oc, n);
   else
     copyConvertKernel<double><<<gridFor(n, kBlock), kBlock, 0, s>>>(
         dst.data, dst.dtype, sv.data, sv.dtype, sv.scalar, oc, n);

@@ -29,6 +29,7 @@ struct Operand {
   std::int64_t sizes[kMaxDims] = {};
   std::int64_t strides[kMaxDims] = {}; // in elements; 0 for broadcast dims
   double scalar = 0;
+  std::int64_t iscalar = 0; // the same value, exact for integral compute
 
   std::int64_t numel() const;
 };
@@ -36,6 +37,7 @@ struct Operand {
 Operand makeOperand(void *data, DType dtype, const std::int64_t *sizes, const std::int64_t *strides,
                     int ndim);
 Operand makeScalar(double value, DType dtype);
+Operand makeScalarInt(std::int64_t value, DType dtype);
 // `op` viewed with `ndim` sizes (numpy broadcasting from the right): size-1 or
 // missing dims get stride 0. Throws when the shapes do not broadcast.
 Operand broadcastTo(const Operand &op, const std::int64_t *sizes, int ndim);
@@ -56,6 +58,7 @@ void rawDeviceFree(void *p);
 void *rawHostMalloc(std::size_t nbytes); // page-locked
 void rawHostFree(void *p);
 bool isPinnedPointer(const void *p);
+void memInfo(std::size_t *freeBytes, std::size_t *totalBytes); // cudaMemGetInfo
 
 // --- streams and events (opaque handles) ------------------------------------
 void *streamCreate();

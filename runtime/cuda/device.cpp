@@ -126,6 +126,12 @@ bool isPinnedPointer(const void *p) {
   return attr.type == cudaMemoryTypeHost;
 }
 
+void memInfo(std::size_t *freeBytes, std::size_t *totalBytes) {
+  *freeBytes = *totalBytes = 0;
+  if (cudaMemGetInfo(freeBytes, totalBytes) != cudaSuccess)
+    cudaGetLastError(); // only for an error message: best effort
+}
+
 void *streamCreate() {
   cudaStream_t s = nullptr;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

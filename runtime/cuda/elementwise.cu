@@ -166,7 +166,10 @@ void launch(const Operand *const *ops, Params<Acc> p, cudaStream_t s) {
   for (int k = 1; k < N; ++k) {
     in.data[k - 1] = ops[k]->data;
     in.dtype[k - 1] = ops[k]->dtype;
-    in.scalar[k - 1] = static_cast<Acc>(ops[k]->scalar);
+    if constexpr (std::is_integral_v<Acc>)
+      in.scalar[k - 1] = static_cast<Acc>(ops[k]->iscalar);
+    else
+      in.scalar[k - 1] = static_cast<Acc>(ops[k]->scalar);
   }
   elementwiseKernel<Acc, N><<<gridFor(n, kBlock), kBlock, 0, s>>>(
       ops[0]->data, ops[0]->dtype, in, p, makeOffsetCalc<N>(plan), n);

@@ -49,6 +49,16 @@ Operand makeScalar(double value, DType dtype) {
   Operand op;
   op.dtype = dtype;
   op.scalar = value;
+  // bool(0.5) is true; int64(0.5) is 0
+  op.iscalar = dtype == DType::Bool ? (value != 0) : static_cast<std::int64_t>(value);
+  return op;
+}
+
+Operand makeScalarInt(std::int64_t value, DType dtype) {
+  Operand op;
+  op.dtype = dtype;
+  op.scalar = static_cast<double>(value);
+  op.iscalar = value;
   return op;
 }
 

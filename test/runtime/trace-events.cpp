@@ -1,0 +1,40 @@
+// The trace end to end: every event is one JSON object per line, names the
+// user's call site, and records the facts --verify relies on.
+// RUN: %clangxx -std=c++17 %tt_include %s %tt_lib -o %t.exe
+// RUN: env TT_TRACE=%t.jsonl %t.exe
+// RUN: %python -c "import json,sys; [json.loads(l) for l in open(sys.argv[1])]" %t.jsonl
+// RUN: FileCheck %s --input-file=%t.jsonl
+#include <tt/tt.h>
+
+int main() {
+  // CHECK: {"seq":0,"ev":"start","schema":1}
+  tt::Tensor x = tt::ones({2, 3});
+  // CHECK: "ev":"alloc","op":"ones","file":"{{[^"]*}}trace-events.cpp","line":[[@LINE-1]],"col":18,"storage":[[X:[0-9]+]],"bytes":24,"device":"cpu"}
+  // CHECK: "ev":"op","op":"ones",{{.*}}"name":"ones","kind":"factory","inputs":[],"input_tensors":[],"outputs":[[[X]]]
+
+  tt::Tensor y = x; // a handle copy: no event
+  y -= 1;
+  // CHECK-NOT: "ev":"alloc"
+  // CHECK: "ev":"write","op":"sub_","file":"{{[^"]*}}trace-events.cpp","line":[[@LINE-2]],{{.*}}"write_op":"sub_","storage":[[X]],{{.*}}"version_before":0,"version_after":1,{{.*}}"sum":0,
+  // CHECK: "ev":"op","op":"sub_",{{.*}}"kind":"in-place","inputs":[[[X]]],{{.*}}"outputs":[[[X]]],{{.*}}"aliases_input":true,"returns_self":true
+
+  tt::Tensor c = x.contiguous();
+  // CHECK: "ev":"op","op":"contiguous",{{.*}}"kind":"may-alias",{{.*}}"returns_self":true
+
+  tt::Tensor f = x.t().reshape({-1});
+  // CHECK: "ev":"op","op":"t",{{.*}}"kind":"view","inputs":[[[X]]],{{.*}}"outputs":[[[X]]],{{.*}}"aliases_input":true,"returns_self":false,"shape":[3,2],"strides":[1,3],"contiguous":false
+  // CHECK: "ev":"alloc","op":"reshape",{{.*}}"line":[[@LINE-2]],{{.*}}"storage":[[F:[0-9]+]],"bytes":24
+  // CHECK: "ev":"copy","op":"reshape",{{.*}}"kind":"reshape","src_storage":[[X]],"dst_storage":[[F]],
+  // CHECK: "ev":"op","op":"reshape",{{.*}}"kind":"may-alias","inputs":[[[X]]],{{.*}}"outputs":[[[F]]],{{.*}}"aliases_input":false
+
+  tt::Tensor w = tt::ones({3}, tt::requires_grad());
+  tt::Tensor e = w.exp();
+  e.add_(1);
+  try {
+    e.sum().backward();
+  } catch (const tt::Error &) {
+  }
+  // CHECK: "ev":"error","op":"backward",{{.*}}"line":[[@LINE-3]],{{.*}}"kind":"autograd","message":"one of the variables needed for gradient computation has been modified by an inplace operation: [torch.FloatTensor [3]], which is output 0 of ExpBackward0, is at version 1; expected version 0 instead.
+  return 0;
+  // CHECK: "ev":"free","op":null,"file":null,"line":null,"col":null,"storage":[[F]],"bytes":24,"device":"cpu"}
+}

@@ -1,4 +1,0 @@
-#include "util.h"
-tt::Tensor flat(tt::Tensor x) {
-  return x.t().view(-1);
-}
