@@ -61,6 +61,13 @@ enum class BinaryOp : std::uint8_t { Add, Sub, Mul, Div, Pow, Maximum, Minimum }
 enum class CompareOp : std::uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
 enum class ReduceOp : std::uint8_t { Sum, Prod, Max, Min, ArgMax, ArgMin };
 
+// A caching allocator's figures, for memory_stats() of its device.
+struct CacheStats {
+  std::int64_t allocated_bytes = 0, peak_allocated_bytes = 0;
+  std::int64_t reserved_bytes = 0, peak_reserved_bytes = 0;
+  std::int64_t raw_allocs = 0, raw_frees = 0, cache_hits = 0;
+};
+
 struct Backend {
   const char *name;
   DeviceType device;
@@ -92,6 +99,21 @@ struct Backend {
   // Batched matrix product: out [B,M,N] = a [B,M,K] x b [B,K,N]; 3-D descs,
   // any strides (B may be broadcast with stride 0).
   void (*matmul)(const TensorDesc &out, const TensorDesc &a, const TensorDesc &b);
+
+  // --- optional: nullptr for a device without them (CPU) --------------------------------
+  // Usable devices; 0, never an exception, when there is no driver or GPU.
+  int (*device_count)();
+  // non_blocking copies: asynchronous on the current stream when the host side
+  // is pinned, else the same as memcpy_h2d / memcpy_d2h.
+  void (*memcpy_h2d_async)(void *dst, const void *src, std::size_t nbytes);
+  void (*memcpy_d2h_async)(void *dst, const void *src, std::size_t nbytes);
+  // Page-locked host memory for pin_memory(): CPU storage freed by free_pinned.
+  void *(*alloc_pinned)(std::size_t nbytes);
+  void (*free_pinned)(void *ptr, std::size_t nbytes);
+  bool (*is_pinned)(const void *ptr);
+  // The caching allocator's figures (memory_stats) and empty_cache().
+  void (*cache_stats)(CacheStats *out);
+  void (*empty_cache)();
 };
 
 // The table for a device type; throws "Could not run ... CUDA backend" style

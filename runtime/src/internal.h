@@ -33,7 +33,8 @@ void destroyMeta(AutogradMeta *m);
 // Raw bytes on one device, plus the id the trace and memory stats use.
 class Storage {
 public:
-  Storage(std::size_t nbytes, Device device);
+  // pinned: page-locked host memory from the CUDA backend (device is CPU).
+  Storage(std::size_t nbytes, Device device, bool pinned = false);
   // Wraps caller-owned memory (from_blob): never freed here.
   Storage(void *external, std::size_t nbytes, Device device);
   ~Storage();
@@ -44,6 +45,7 @@ public:
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   std::uint64_t id() const { return id_; }
+  bool pinned() const { return pinned_; }
 
 private:
   void *data_ = nullptr;
@@ -51,6 +53,7 @@ private:
   Device device_;
   std::uint64_t id_;
   bool owned_ = true;
+  bool pinned_ = false;
 };
 
 struct VersionCounter {
@@ -101,7 +104,7 @@ backend::ScalarValue scalarValue(const Scalar &s);
 const backend::Backend &backendOf(const TensorImpl &t);
 
 // Fresh tensor with the given geometry (no autograd info).
-Tensor makeTensor(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Device device);
+Tensor makeTensor(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Device device, bool pinned = false);
 Tensor makeContiguous(IntArrayRef sizes, ScalarType dtype, Device device);
 // A view of self's storage with new geometry; shares the version counter.
 Tensor makeView(const Tensor &self, IntArrayRef sizes, IntArrayRef strides, std::int64_t offset);
@@ -117,7 +120,8 @@ std::vector<std::int64_t> broadcastStrides(const TensorImpl &t, IntArrayRef shap
 
 // Copies src's values into dst (same shape after broadcasting src), any
 // device, any dtype, no autograd. Counts the copy under `kind` when not Other.
-void copyData(const Tensor &dst, const Tensor &src, CopyKind kind);
+// non_blocking: host<->device copies do not wait when the host side is pinned.
+void copyData(const Tensor &dst, const Tensor &src, CopyKind kind, bool non_blocking = false);
 // Checks that writing to t is not into an overlapping (expanded) layout.
 void assertNoInternalOverlap(const TensorImpl &t);
 // Bumps t's version counter (and traces the write).

@@ -57,8 +57,22 @@ std::int64_t MemoryStats::total_copies() const {
 
 MemoryStats memory_stats(Device device) {
   DeviceStats &ds = g_stats[static_cast<int>(device.type())];
-  std::lock_guard<std::mutex> lock(ds.mu);
-  return ds.s;
+  MemoryStats r;
+  {
+    std::lock_guard<std::mutex> lock(ds.mu);
+    r = ds.s;
+  }
+  if (backend::available(device.type()) && backend::get(device.type()).cache_stats) {
+    backend::CacheStats c;
+    backend::get(device.type()).cache_stats(&c);
+    r.allocated_bytes = c.allocated_bytes;
+    r.peak_allocated_bytes = c.peak_allocated_bytes;
+    r.reserved_bytes = c.reserved_bytes;
+    r.peak_reserved_bytes = c.peak_reserved_bytes;
+    r.device_mallocs = c.raw_allocs;
+    r.device_frees = c.raw_frees;
+  }
+  return r;
 }
 
 void reset_memory_stats(Device device) {
@@ -84,9 +98,14 @@ const char *toString(CopyKind k) {
 }
 
 // --- Storage / TensorImpl ---------------------------------------------------------------
-Storage::Storage(std::size_t nbytes, Device device)
-    : nbytes_(nbytes), device_(device), id_(g_next_storage_id++) {
-  data_ = backend::get(device.type()).alloc(nbytes);
+Storage::Storage(std::size_t nbytes, Device device, bool pinned)
+    : nbytes_(nbytes), device_(device), id_(g_next_storage_id++), pinned_(pinned) {
+  if (pinned) {
+    const backend::Backend &cuda = backend::get(kCUDA);
+    data_ = cuda.alloc_pinned(nbytes);
+  } else {
+    data_ = backend::get(device.type()).alloc(nbytes);
+  }
   stats::onAlloc(device, nbytes);
   if (trace::on())
     trace::alloc(*this);
@@ -101,7 +120,10 @@ Storage::~Storage() {
   if (trace::on())
     trace::free(*this);
   stats::onFree(device_, nbytes_);
-  backend::get(device_.type()).free(data_, nbytes_);
+  if (pinned_)
+    backend::get(kCUDA).free_pinned(data_, nbytes_);
+  else
+    backend::get(device_.type()).free(data_, nbytes_);
 }
 
 TensorImpl::TensorImpl(std::shared_ptr<Storage> st, std::vector<std::int64_t> sz, std::vector<std::int64_t> str,
@@ -223,7 +245,7 @@ backend::ScalarValue scalarValue(const Scalar &s) {
 
 const backend::Backend &backendOf(const TensorImpl &t) { return backend::get(t.storage->device().type()); }
 
-Tensor makeTensor(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Device device) {
+Tensor makeTensor(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Device device, bool pinned) {
   checkedNumel(sizes);
   // Bytes spanned by the strides (they may leave gaps).
   std::int64_t span = 0;
@@ -234,7 +256,7 @@ Tensor makeTensor(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Devi
     span += (sizes[i] - 1) * strides[i];
   }
   std::size_t nbytes = empty ? 0 : static_cast<std::size_t>(span + 1) * elementSize(dtype);
-  auto st = std::make_shared<Storage>(nbytes, device);
+  auto st = std::make_shared<Storage>(nbytes, device, pinned);
   return Tensor(std::make_shared<TensorImpl>(std::move(st), sizes.vec(), strides.vec(), 0, dtype, nullptr));
 }
 
@@ -352,7 +374,7 @@ void bumpVersion(const Tensor &t, const char *op, std::uint32_t before) {
     trace::write(op, impl, before, after, t.use_count());
 }
 
-void copyData(const Tensor &dst, const Tensor &src, CopyKind kind) {
+void copyData(const Tensor &dst, const Tensor &src, CopyKind kind, bool non_blocking) {
   TensorImpl &d = *dst.unsafeGetTensorImpl();
   TensorImpl &s = *src.unsafeGetTensorImpl();
   std::vector<std::int64_t> sstr = broadcastStrides(s, d.sizes);
@@ -368,7 +390,18 @@ void copyData(const Tensor &dst, const Tensor &src, CopyKind kind) {
     backendOf(d).copy(makeDesc(d), makeDesc(s, d.sizes, sstr));
     return;
   }
-  // Across devices: stage through a contiguous buffer of src's dtype.
+  // Across devices, same dtype and one dense layout: one transfer of the span.
+  const backend::Backend &dev = backend::get(dd == kCPU ? sd : dd);
+  if (s.dtype == d.dtype && s.sizes == d.sizes && sstr == d.strides && s.is_non_overlapping_and_dense() &&
+      d.is_non_overlapping_and_dense()) {
+    const std::size_t n = dst.nbytes();
+    if (dd == kCPU)
+      (non_blocking && dev.memcpy_d2h_async ? dev.memcpy_d2h_async : dev.memcpy_d2h)(d.data(), s.data(), n);
+    else
+      (non_blocking && dev.memcpy_h2d_async ? dev.memcpy_h2d_async : dev.memcpy_h2d)(d.data(), s.data(), n);
+    return;
+  }
+  // Otherwise stage through a contiguous buffer of src's dtype.
   Tensor staged = makeContiguous(d.sizes, s.dtype, s.storage->device());
   backendOf(s).copy(makeDesc(*staged.unsafeGetTensorImpl()), makeDesc(s, d.sizes, sstr));
   Tensor there = makeContiguous(d.sizes, s.dtype, d.storage->device());
@@ -782,8 +815,10 @@ std::ostream &operator<<(std::ostream &os, const Tensor &t) {
 }
 
 namespace cuda {
-bool is_available() { return backend::available(kCUDA); }
-int device_count() { return is_available() ? 1 : 0; }
+bool is_available() { return device_count() > 0; }
+int device_count() {
+  return backend::available(kCUDA) && backend::get(kCUDA).device_count ? backend::get(kCUDA).device_count() : 0;
+}
 void synchronize() {
   if (is_available())
     backend::get(kCUDA).synchronize();

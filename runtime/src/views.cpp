@@ -243,15 +243,19 @@ bool canCast(ScalarType from, ScalarType to) {
   return true;
 }
 
-Tensor toImpl(const Tensor &self, ScalarType dt, Device dev, bool copy, std::optional<MemoryFormat> fmt) {
+Tensor toImpl(const Tensor &self, ScalarType dt, Device dev, bool copy, std::optional<MemoryFormat> fmt,
+              bool non_blocking = false) {
   const TensorImpl &s = *self.unsafeGetTensorImpl();
   bool sameFormat = !fmt || *fmt == MemoryFormat::Preserve || self.is_contiguous();
   if (dt == s.dtype && dev.type() == s.storage->device().type() && !copy && sameFormat)
     return self;
   std::vector<std::int64_t> strides =
       fmt && *fmt == MemoryFormat::Contiguous ? contiguousStrides(s.sizes) : preservedStrides(s);
-  Tensor out = makeTensor(s.sizes, strides, dt, dev);
-  copyData(out, self, CopyKind::To);
+  // PyTorch: a non_blocking copy to the CPU lands in pinned memory, so that it
+  // can really be asynchronous.
+  const bool pin = non_blocking && dev.is_cpu() && s.storage->device().is_cuda();
+  Tensor out = makeTensor(s.sizes, strides, dt, dev, pin);
+  copyData(out, self, CopyKind::To, non_blocking);
   if (isFloatingType(dt)) {
     ScalarType from = s.dtype;
     Device fromDev = s.storage->device();
@@ -647,7 +651,7 @@ Tensor Tensor::contiguous(MemoryFormat, SourceLocation loc) const {
   return out;
 }
 
-Tensor &Tensor::copy_(const Tensor &src, bool, SourceLocation loc) const {
+Tensor &Tensor::copy_(const Tensor &src, bool non_blocking, SourceLocation loc) const {
   trace::Scope scope("copy_", loc);
   checkWritable(*this);
   std::vector<std::int64_t> b = broadcastShapes(sizes(), src.sizes());
@@ -655,7 +659,7 @@ Tensor &Tensor::copy_(const Tensor &src, bool, SourceLocation loc) const {
     fail("output with shape " + shapeString(sizes()) + " doesn't match the broadcast shape " + shapeString(b));
   std::uint32_t before = _version();
   bool rec = autograd::shouldRecord({this, &src});
-  copyData(*this, src, CopyKind::Copy_);
+  copyData(*this, src, CopyKind::Copy_, non_blocking);
   bumpVersion(*this, "copy_", before);
   if (rec) {
     std::vector<std::int64_t> srcShape = src.sizes().vec();
@@ -675,9 +679,10 @@ Tensor &Tensor::copy_(const Tensor &src, bool, SourceLocation loc) const {
   return const_cast<Tensor &>(*this);
 }
 
-Tensor Tensor::to(TensorOptions o, bool, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
+Tensor Tensor::to(TensorOptions o, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
   trace::Scope scope("to", loc);
-  Tensor out = toImpl(*this, o.has_dtype() ? o.dtype() : dtype(), o.has_device() ? o.device() : device(), copy, fmt);
+  Tensor out = toImpl(*this, o.has_dtype() ? o.dtype() : dtype(), o.has_device() ? o.device() : device(), copy, fmt,
+                      non_blocking);
   if (o.requires_grad() && !out.requires_grad())
     out.requires_grad_();
   if (trace::on())
@@ -685,25 +690,25 @@ Tensor Tensor::to(TensorOptions o, bool, bool copy, std::optional<MemoryFormat> 
   return out;
 }
 
-Tensor Tensor::to(Device d, ScalarType dt, bool, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
+Tensor Tensor::to(Device d, ScalarType dt, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
   trace::Scope scope("to", loc);
-  Tensor out = toImpl(*this, dt, d, copy, fmt);
+  Tensor out = toImpl(*this, dt, d, copy, fmt, non_blocking);
   if (trace::on())
     trace::op("to", {this}, out);
   return out;
 }
 
-Tensor Tensor::to(ScalarType dt, bool, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
+Tensor Tensor::to(ScalarType dt, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
   trace::Scope scope("to", loc);
-  Tensor out = toImpl(*this, dt, device(), copy, fmt);
+  Tensor out = toImpl(*this, dt, device(), copy, fmt, non_blocking);
   if (trace::on())
     trace::op("to", {this}, out);
   return out;
 }
 
-Tensor Tensor::to(const Tensor &other, bool, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
+Tensor Tensor::to(const Tensor &other, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
   trace::Scope scope("to", loc);
-  Tensor out = toImpl(*this, other.dtype(), other.device(), copy, fmt);
+  Tensor out = toImpl(*this, other.dtype(), other.device(), copy, fmt, non_blocking);
   if (trace::on())
     trace::op("to", {this}, out);
   return out;
@@ -725,6 +730,27 @@ Tensor Tensor::cuda(SourceLocation loc) const {
   if (trace::on())
     trace::op("cuda", {this}, out);
   return out;
+}
+
+Tensor Tensor::pin_memory(SourceLocation loc) const {
+  trace::Scope scope("pin_memory", loc);
+  if (!is_cpu())
+    fail("cannot pin '" + typeString(*this) + "' only dense CPU tensors can be pinned");
+  if (is_pinned())
+    return *this;
+  const TensorImpl &s = *unsafeGetTensorImpl();
+  Tensor out = makeTensor(s.sizes, preservedStrides(s), s.dtype, s.storage->device(), /*pinned=*/true);
+  copyData(out, *this, CopyKind::Other);
+  recordUnary(*this, out, "PinMemoryBackward0", [](const Tensor &g) { return g; });
+  return out;
+}
+
+bool Tensor::is_pinned() const {
+  const Storage &st = *unsafeGetTensorImpl()->storage;
+  if (st.pinned())
+    return true;
+  return is_cpu() && backend::available(kCUDA) && backend::get(kCUDA).is_pinned &&
+         backend::get(kCUDA).is_pinned(st.data());
 }
 
 Tensor Tensor::detach(SourceLocation loc) const {

@@ -247,6 +247,10 @@ public:
   Tensor toType(ScalarType t, TT_LOC) const;
   Tensor cpu(TT_LOC) const;
   Tensor cuda(TT_LOC) const;
+  // A copy in page-locked host memory (self when already pinned); CPU only.
+  // Needs the CUDA backend, as in PyTorch. is_pinned(): false without it.
+  Tensor pin_memory(TT_LOC) const;
+  bool is_pinned() const;
   // Shares storage and version counter; no autograd history.
   Tensor detach(TT_LOC) const;
   Tensor &detach_(TT_LOC) const;
@@ -529,6 +533,11 @@ struct MemoryStats {
   std::int64_t peak_bytes = 0;
   std::int64_t allocations = 0; // storages allocated since start / reset
   std::int64_t frees = 0;
+  // CUDA caching allocator (0 on CPU): torch.cuda.memory_allocated / _reserved
+  // and their peaks, in blocks as rounded by the allocator; cudaMalloc calls.
+  std::int64_t allocated_bytes = 0, peak_allocated_bytes = 0;
+  std::int64_t reserved_bytes = 0, peak_reserved_bytes = 0;
+  std::int64_t device_mallocs = 0, device_frees = 0;
   std::int64_t copies[kNumCopyKinds] = {};      // copies made, by kind
   std::int64_t copied_bytes[kNumCopyKinds] = {}; // bytes written by them
   std::int64_t copies_of(CopyKind k) const { return copies[static_cast<int>(k)]; }
