@@ -332,7 +332,7 @@ Tensor &Tensor::requires_grad_(bool r, SourceLocation loc) const {
     return const_cast<Tensor &>(*this);
   }
   if (r && !isFloatingType(dtype()))
-    fail("only Tensors of floating point and complex dtype can require gradients");
+    fail("only Tensors of floating point dtype can require gradients");
   autograd::meta(*this).requires_grad = r;
   return const_cast<Tensor &>(*this);
 }

@@ -285,7 +285,8 @@ template <typename Oop, typename Direct>
 Tensor &inplace(const Tensor &self, const char *name, std::initializer_list<const Tensor *> others,
                 ScalarType resultType, Oop oop, Direct direct) {
   autograd::checkInplace(self);
-  assertNoInternalOverlap(*self.unsafeGetTensorImpl());
+  if (std::strcmp(name, "fill_") != 0 && std::strcmp(name, "zero_") != 0) // as PyTorch 1.13
+    assertNoInternalOverlap(*self.unsafeGetTensorImpl());
   if (!detail_views::canCastTo(resultType, self.dtype()))
     fail(std::string("result type ") + toString(resultType) + " can't be cast to the desired output type " +
          toString(self.dtype()));

@@ -334,7 +334,7 @@ std::vector<std::int64_t> elementwiseStrides(IntArrayRef shape, const std::vecto
 std::vector<std::int64_t> broadcastShapes(IntArrayRef a, IntArrayRef b) {
   std::size_t n = std::max(a.size(), b.size());
   std::vector<std::int64_t> out(n);
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = n; i-- > 0;) {
     std::int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     std::int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     if (da != db && da != 1 && db != 1) {
@@ -618,7 +618,7 @@ Tensor linspace(const Scalar &start, const Scalar &end, std::int64_t steps, Tens
   double *p = host.data_ptr<double>();
   double step = steps > 1 ? (e - s) / static_cast<double>(steps - 1) : 0.0;
   // PyTorch fills the two halves from each end.
-  std::int64_t half = steps / 2;
+  std::int64_t half = steps == 1 ? 1 : steps / 2;
   for (std::int64_t i = 0; i < steps; ++i)
     p[i] = i < half ? s + step * static_cast<double>(i) : e - step * static_cast<double>(steps - 1 - i);
   Tensor out = makeContiguous({steps}, options.dtype(), options.device());
@@ -717,8 +717,8 @@ Tensor tensor(std::initializer_list<float> v, TensorOptions o, SourceLocation lo
 }
 Tensor tensor(std::initializer_list<int> v, TensorOptions o, SourceLocation loc) {
   std::vector<std::int32_t> d(v.begin(), v.end());
-  return fromValues(d.data(), static_cast<std::int64_t>(d.size()), {static_cast<std::int64_t>(d.size())}, kInt, o,
-                    loc);
+  return fromValues(d.data(), static_cast<std::int64_t>(d.size()), {static_cast<std::int64_t>(d.size())}, kInt,
+                    o.has_dtype() ? o : o.dtype(kLong), loc);
 }
 Tensor tensor(std::initializer_list<std::int64_t> v, TensorOptions o, SourceLocation loc) {
   return fromValues(v.begin(), static_cast<std::int64_t>(v.size()), {static_cast<std::int64_t>(v.size())}, kLong,
@@ -747,15 +747,15 @@ Tensor tensor(ArrayRef<float> v, TensorOptions o, SourceLocation loc) {
 }
 Tensor tensor(ArrayRef<double> v, TensorOptions o, SourceLocation loc) {
   return fromValues(v.data(), static_cast<std::int64_t>(v.size()), {static_cast<std::int64_t>(v.size())}, kDouble,
-                    o, loc);
+                    o.has_dtype() ? o : o.dtype(kFloat), loc);
 }
 Tensor tensor(ArrayRef<std::int64_t> v, TensorOptions o, SourceLocation loc) {
   return fromValues(v.data(), static_cast<std::int64_t>(v.size()), {static_cast<std::int64_t>(v.size())}, kLong,
                     o, loc);
 }
 Tensor tensor(ArrayRef<int> v, TensorOptions o, SourceLocation loc) {
-  return fromValues(v.data(), static_cast<std::int64_t>(v.size()), {static_cast<std::int64_t>(v.size())}, kInt, o,
-                    loc);
+  return fromValues(v.data(), static_cast<std::int64_t>(v.size()), {static_cast<std::int64_t>(v.size())}, kInt,
+                    o.has_dtype() ? o : o.dtype(kLong), loc);
 }
 Tensor scalar_tensor(const Scalar &s, TensorOptions o, SourceLocation loc) {
   trace::Scope scope("tensor", loc);

@@ -423,8 +423,8 @@ Tensor ones_like(const Tensor &self, TensorOptions options = {}, TT_LOC);
 Tensor full_like(const Tensor &self, const Scalar &fill_value, TensorOptions options = {}, TT_LOC);
 Tensor rand_like(const Tensor &self, TensorOptions options = {}, TT_LOC);
 Tensor randn_like(const Tensor &self, TensorOptions options = {}, TT_LOC);
-// torch::tensor: from values. Floating lists default to kFloat, int to kInt,
-// int64_t to kLong, bool to kBool; options.dtype() converts.
+// torch::tensor: from values. Floating lists default to kFloat, integer lists
+// to kLong (as LibTorch), bool to kBool; options.dtype() converts.
 Tensor tensor(std::initializer_list<double> values, TensorOptions options = {}, TT_LOC);
 Tensor tensor(std::initializer_list<float> values, TensorOptions options = {}, TT_LOC);
 Tensor tensor(std::initializer_list<int> values, TensorOptions options = {}, TT_LOC);

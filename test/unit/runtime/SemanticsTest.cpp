@@ -104,9 +104,9 @@ TEST(Elementwise, ResultFollowsInputLayout) {
 TEST(Math, ValuesAndPromotion) {
   tt::Tensor a = tt::tensor({1.0, 2.0, 3.0});
   tt::Tensor b = tt::tensor({4, 5, 6});
-  EXPECT_EQ(b.dtype(), tt::kInt);
+  EXPECT_EQ(b.dtype(), tt::kLong); // LibTorch: integer lists are int64
   EXPECT_EQ((a + b).dtype(), tt::kFloat);
-  EXPECT_EQ((b + 1).dtype(), tt::kInt);
+  EXPECT_EQ((b + 1).dtype(), tt::kLong);
   EXPECT_EQ((b + 1.5).dtype(), tt::kFloat);
   EXPECT_EQ((b / 2).dtype(), tt::kFloat);
   EXPECT_EQ((a.to(tt::kDouble) + a).dtype(), tt::kDouble);
