@@ -523,7 +523,14 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
   if (Reached.empty())
     return;
 
+  // A node also reached by a plainer path (explicit views only, or a handle
+  // copy without a detach) counts by that path: it is intended there.
+  auto Plainer = [&](unsigned N, bool WantDetach) {
+    return (Seen[N] & 1) || (WantDetach && (Seen[N] & 2));
+  };
   auto Find = [&](unsigned N, bool WantDetach) -> const Item * {
+    if (Plainer(N, WantDetach))
+      return nullptr;
     for (const Item &I : Reached)
       if (I.N == N && I.D == WantDetach && (I.A || I.D))
         return &I;
@@ -566,7 +573,7 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
     }
     // Storage owned outside this function.
     for (const Item &I : Reached) {
-      if (I.D != WantDetach)
+      if (I.D != WantDetach || Plainer(I.N, WantDetach))
         continue;
       const Node &N = Nodes[I.N];
       if (N.Ext && N.Ext != W.RootDecl)

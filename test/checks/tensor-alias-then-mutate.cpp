@@ -427,3 +427,17 @@ void callsPure() {
   use(pure(b));
   use(a);
 }
+
+// Writing a view of acc writes acc: intended, even though acc came from
+// reshapes of a handle that is dead by then.
+void viewOfReshapedInLoop(int n) {
+  Tensor acc = tt::zeros({4});
+  for (int i = 0; i < n; ++i) {
+    Tensor tmp = acc.reshape({2, 2});
+    tmp = tmp.t().contiguous();
+    acc = tmp.reshape({4});
+  }
+  auto v = acc.narrow(0, 0, 2);
+  v.mul_(0.5);
+  use(acc);
+}
