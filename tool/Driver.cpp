@@ -212,11 +212,21 @@ int runDriver(DriverOptions &Opts) {
   for (std::string &F : Opts.Files)
     F = absolute(F);
 
-  if (Opts.ListChecks) {
+  if (Opts.ListChecks || Opts.DumpConfig) {
     std::string File = Opts.Files.empty() ? absolute("dummy.cpp") : Opts.Files.front();
     ClangTidyOptions Effective = Context.getOptionsForFile(File);
     if (!Errors->empty())
       return fail(Errors->front());
+    if (Opts.DumpConfig) {
+      // Every option of the enabled checks, as they read it, then any other
+      // key the configuration sets.
+      ClangTidyOptions::OptionMap CheckOptions = getCheckOptions(Effective, false);
+      for (const auto &KV : Effective.CheckOptions)
+        CheckOptions.try_emplace(KV.getKey(), KV.getValue());
+      Effective.CheckOptions = std::move(CheckOptions);
+      llvm::outs() << configurationAsText(Effective) << "\n";
+      return ExitClean;
+    }
     llvm::outs() << "Enabled checks:\n";
     for (const std::string &Name : getCheckNames(Effective, false))
       llvm::outs() << "    " << Name << "\n";

@@ -33,7 +33,7 @@ struct DriverOptions {
   std::optional<bool> SystemHeaders;
   std::string Config, ConfigFile;
   std::vector<std::string> ExtraArgs, ExtraArgsBefore;
-  bool Fix = false, ListChecks = false, Quiet = false, NoCache = false;
+  bool Fix = false, ListChecks = false, DumpConfig = false, Quiet = false, NoCache = false;
   std::string ExportFixes, Explain, Output, CacheDir;
   OutputFormat Format = OutputFormat::Text;
   unsigned Jobs = 0; // 0: one per core

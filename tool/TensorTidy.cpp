@@ -51,6 +51,10 @@ static cl::opt<std::string> ExportFixes("export-fixes",
                                         cl::value_desc("file"), cl::cat(Category));
 static cl::opt<bool> ListChecks("list-checks", cl::desc("List the enabled checks and exit"),
                                 cl::cat(Category));
+static cl::opt<bool> DumpConfig("dump-config",
+                                cl::desc("Print the effective configuration for the first file "
+                                         "(or the working directory) and exit"),
+                                cl::cat(Category));
 static cl::opt<std::string> Explain("explain", cl::desc("Print the documentation of a check"),
                                     cl::value_desc("check"), cl::cat(Category));
 static cl::opt<OutputFormat> Format(
@@ -120,6 +124,7 @@ int main(int argc, const char **argv) {
   Opts.Fix = Fix;
   Opts.ExportFixes = ExportFixes;
   Opts.ListChecks = ListChecks;
+  Opts.DumpConfig = DumpConfig;
   Opts.Explain = Explain;
   Opts.Format = Format;
   Opts.Output = Output;

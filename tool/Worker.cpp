@@ -5,6 +5,7 @@
 #include "clang/Basic/SourceManager.h"
 #include "clang/Frontend/CompilerInstance.h"
 #include "clang/Frontend/FrontendActions.h"
+#include "clang/Frontend/MultiplexConsumer.h"
 #include "clang/Lex/PreprocessorOptions.h"
 #include "clang/Tooling/ArgumentsAdjusters.h"
 #include "clang/Tooling/Tooling.h"
@@ -29,19 +30,38 @@ private:
   std::vector<CompileCommand> Commands;
 };
 
+/// Runs before the checks' matchers: restricts the AST traversal to
+/// declarations outside system headers (as clangd restricts it to the main
+/// file). Findings there are dropped unless --system-headers, and walking
+/// torch/torch.h's AST costs as much as a check's whole run on user code.
+class SkipSystemHeaders : public ASTConsumer {
+  void HandleTranslationUnit(ASTContext &Ctx) override {
+    const SourceManager &SM = Ctx.getSourceManager();
+    std::vector<Decl *> Scope;
+    for (Decl *D : Ctx.getTranslationUnitDecl()->decls())
+      if (!SM.isInSystemHeader(SM.getExpansionLoc(D->getLocation())))
+        Scope.push_back(D);
+    Ctx.setTraversalScope(Scope);
+  }
+};
+
 /// clang-tidy's ActionFactory (ClangTidy.cpp, runClangTidy), plus a look at
 /// the source manager at the end of each TU for the cache's dependency list.
 class ActionFactory : public FrontendActionFactory {
 public:
-  ActionFactory(ClangTidyContext &Context, TUResult &Result)
-      : ConsumerFactory(Context), Result(Result) {}
+  ActionFactory(ClangTidyContext &Context, TUResult &Result, bool SystemHeaders)
+      : ConsumerFactory(Context), Result(Result), SystemHeaders(SystemHeaders) {}
   std::unique_ptr<FrontendAction> create() override {
-    return std::make_unique<Action>(&ConsumerFactory, Result);
+    return std::make_unique<Action>(&ConsumerFactory, Result, SystemHeaders);
   }
   bool runInvocation(std::shared_ptr<CompilerInvocation> Invocation, FileManager *Files,
                      std::shared_ptr<PCHContainerOperations> PCHContainerOps,
                      DiagnosticConsumer *DiagConsumer) override {
     Invocation->getPreprocessorOpts().SetUpStaticAnalyzer = true;
+    // The worker exits after its TU: skip freeing the AST, as clang's own
+    // driver does (-disable-free); for torch/torch.h that is a good part of
+    // a second.
+    Invocation->getFrontendOpts().DisableFree = true;
     return FrontendActionFactory::runInvocation(Invocation, Files, PCHContainerOps,
                                                 DiagConsumer);
   }
@@ -49,11 +69,17 @@ public:
 private:
   class Action : public ASTFrontendAction {
   public:
-    Action(ClangTidyASTConsumerFactory *Factory, TUResult &Result)
-        : Factory(Factory), Result(Result) {}
+    Action(ClangTidyASTConsumerFactory *Factory, TUResult &Result, bool SystemHeaders)
+        : Factory(Factory), Result(Result), SystemHeaders(SystemHeaders) {}
     std::unique_ptr<ASTConsumer> CreateASTConsumer(CompilerInstance &Compiler,
                                                    StringRef File) override {
-      return Factory->createASTConsumer(Compiler, File);
+      std::unique_ptr<ASTConsumer> Tidy = Factory->createASTConsumer(Compiler, File);
+      if (SystemHeaders)
+        return Tidy;
+      std::vector<std::unique_ptr<ASTConsumer>> Consumers;
+      Consumers.push_back(std::make_unique<SkipSystemHeaders>());
+      Consumers.push_back(std::move(Tidy));
+      return std::make_unique<MultiplexConsumer>(std::move(Consumers));
     }
     void EndSourceFileAction() override {
       SourceManager &SM = getCompilerInstance().getSourceManager();
@@ -74,10 +100,12 @@ private:
   private:
     ClangTidyASTConsumerFactory *Factory;
     TUResult &Result;
+    bool SystemHeaders;
   };
 
   ClangTidyASTConsumerFactory ConsumerFactory;
   TUResult &Result;
+  bool SystemHeaders;
 };
 
 } // namespace
@@ -137,7 +165,7 @@ TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &C
   Context.setDiagnosticsEngine(&DE);
   Tool.setDiagnosticConsumer(&DiagConsumer);
 
-  ActionFactory Factory(Context, Result);
+  ActionFactory Factory(Context, Result, Options.SystemHeaders.value_or(false));
   bool RunFailed = Tool.run(&Factory) != 0;
   Result.Errors = DiagConsumer.take();
   // A check that reports at error severity fails the compiler's run too: only

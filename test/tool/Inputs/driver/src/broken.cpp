@@ -1,2 +1,1 @@
-#include "tensor_stub.h"
-tt::Tensor broken(tt::Tensor x) { return x.t().view(-1) }
+int broken() { return 1 }

@@ -1,2 +1,2 @@
 #include "util.h"
-tt::Tensor same(tt::Tensor x) { return x.reshape(-1); }
+int clean() { return util_shadow(1); }
