@@ -94,6 +94,7 @@ Loop makeLoop(std::initializer_list<const TensorDesc *> ops) {
   return L;
 }
 
+} // namespace
 int maxThreads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -101,6 +102,7 @@ int maxThreads() {
   return 1;
 #endif
 }
+namespace {
 
 // Runs f(begin, end) over [0, n) in parallel chunks.
 template <typename F> void parallelFor(std::int64_t n, F f) {
@@ -713,6 +715,22 @@ const Backend *g_backends[2] = {&kCpuBackend, nullptr};
 } // namespace
 
 const Backend &cpuBackend() { return kCpuBackend; }
+
+} // namespace tt::backend
+
+namespace tt {
+void set_num_threads(int n) {
+  if (n < 1)
+    fail("set_num_threads expects a positive integer");
+#ifdef _OPENMP
+  omp_set_num_threads(n);
+#endif
+  openblas_set_num_threads(n);
+}
+int get_num_threads() { return backend::maxThreads(); }
+} // namespace tt
+
+namespace tt::backend {
 
 const Backend &get(DeviceType device) {
   const Backend *b = g_backends[static_cast<int>(device)];

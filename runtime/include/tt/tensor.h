@@ -441,6 +441,9 @@ Tensor scalar_tensor(const Scalar &s, TensorOptions options = {}, TT_LOC);
 Tensor from_blob(void *data, IntArrayRef sizes, TensorOptions options = {}, TT_LOC);
 Tensor from_blob(void *data, IntArrayRef sizes, IntArrayRef strides, TensorOptions options = {}, TT_LOC);
 void manual_seed(std::uint64_t seed);
+// Intra-op threads (torch::set_num_threads): the OpenMP loops and OpenBLAS.
+void set_num_threads(int n);
+int get_num_threads();
 
 // --- free-function forms -----------------------------------------------------------
 Tensor add(const Tensor &a, const Tensor &b, const Scalar &alpha = 1, TT_LOC);

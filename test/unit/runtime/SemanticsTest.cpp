@@ -294,3 +294,16 @@ TEST(Trace, WritesEventsWithLocations) {
   }
   std::remove(path.c_str());
 }
+
+TEST(Threads, SetAndGet) {
+  int before = tt::get_num_threads();
+  tt::set_num_threads(1);
+  EXPECT_EQ(tt::get_num_threads(), 1);
+  tt::Tensor a = tt::rand({300, 300});
+  tt::Tensor single = (a.t() + a).contiguous();
+  tt::set_num_threads(2);
+  EXPECT_EQ(tt::get_num_threads(), 2);
+  EXPECT_TRUE(tt::equal((a.t() + a).contiguous(), single)); // same result with 2 threads
+  EXPECT_THROW(tt::set_num_threads(0), tt::Error);
+  tt::set_num_threads(before);
+}
