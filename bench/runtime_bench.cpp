@@ -1,0 +1,248 @@
+// Runtime benchmarks: tt against LibTorch 1.13 and memcpy, and tt against tt
+// built without trace support, all in one process and one run, at 1 and 2
+// intra-op threads. After Google Benchmark's own output it prints the ratios
+// and whether each target of docs/benchmarks.md is met (--markdown: as a table).
+//
+//   runtime_bench [--reps=N] [--threads=1,2] [--markdown] [benchmark flags]
+//
+// Each ratio uses the fastest repetition of both sides (least disturbed by
+// other processes); repetitions are interleaved at random.
+#include "runtime_workloads.h"
+
+#include <benchmark/benchmark.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Backend {
+  std::string label;
+  void *handle = nullptr;
+  std::vector<BenchWorkload> workloads;
+  BenchSetThreadsFn setThreads = nullptr;
+};
+
+Backend load(const std::string &label, const char *path) {
+  Backend b{label};
+  // RTLD_LOCAL: the two tt builds export the same symbols; each plugin binds
+  // to its own.
+  b.handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!b.handle) {
+    std::fprintf(stderr, "runtime_bench: cannot load %s: %s\n", path, dlerror());
+    std::exit(2);
+  }
+  auto list = reinterpret_cast<BenchWorkloadsFn>(dlsym(b.handle, "bench_workloads"));
+  b.setThreads = reinterpret_cast<BenchSetThreadsFn>(dlsym(b.handle, "bench_set_threads"));
+  if (!list || !b.setThreads) {
+    std::fprintf(stderr, "runtime_bench: %s lacks the workload interface\n", path);
+    std::exit(2);
+  }
+  int n = 0;
+  const BenchWorkload *w = list(&n);
+  b.workloads.assign(w, w + n);
+  return b;
+}
+
+std::vector<Backend> gBackends;
+
+// OpenMP and OpenBLAS are shared by every plugin (one libgomp, one
+// libopenblas in the process); set them through whichever plugin links them.
+void setThreads(int threads) {
+  for (const Backend &b : gBackends) {
+    if (auto omp = reinterpret_cast<void (*)(int)>(dlsym(b.handle, "omp_set_num_threads")))
+      omp(threads);
+    if (auto blas = reinterpret_cast<void (*)(int)>(dlsym(b.handle, "openblas_set_num_threads")))
+      blas(threads);
+    b.setThreads(threads);
+  }
+}
+
+// --- the memcpy baseline for clone ---------------------------------------------------
+struct Buffers {
+  std::size_t n;
+  char *src, *dst;
+};
+template <std::size_t MiB> void *memcpySetup() {
+  auto *b = new Buffers{MiB << 20, static_cast<char *>(std::malloc(MiB << 20)),
+                        static_cast<char *>(std::malloc(MiB << 20))};
+  std::memset(b->src, 1, b->n); // touch every page of both
+  std::memset(b->dst, 0, b->n);
+  return b;
+}
+void memcpyRun(void *p) {
+  auto *b = static_cast<Buffers *>(p);
+  std::memcpy(b->dst, b->src, b->n);
+  benchmark::ClobberMemory();
+}
+void memcpyTeardown(void *p) {
+  auto *b = static_cast<Buffers *>(p);
+  std::free(b->src);
+  std::free(b->dst);
+  delete b;
+}
+const std::map<std::string, BenchWorkload> kMemcpy = {
+    {"clone/1MiB", {"clone/1MiB", memcpySetup<1>, memcpyRun, memcpyTeardown, 2.0 * (1 << 20)}},
+    {"clone/4MiB", {"clone/4MiB", memcpySetup<4>, memcpyRun, memcpyTeardown, 8.0 * (1 << 20)}},
+    {"clone/16MiB", {"clone/16MiB", memcpySetup<16>, memcpyRun, memcpyTeardown, 32.0 * (1 << 20)}},
+    {"clone/64MiB", {"clone/64MiB", memcpySetup<64>, memcpyRun, memcpyTeardown, 128.0 * (1 << 20)}},
+    {"clone/256MiB", {"clone/256MiB", memcpySetup<256>, memcpyRun, memcpyTeardown, 512.0 * (1 << 20)}},
+};
+
+// --- collecting results ------------------------------------------------------------------
+// Fastest seconds per iteration, by "workload/threads:N/backend".
+std::map<std::string, double> gBest;
+
+class Collector : public benchmark::ConsoleReporter {
+public:
+  void ReportRuns(const std::vector<Run> &runs) override {
+    for (const Run &r : runs) {
+      if (r.run_type != Run::RT_Iteration || r.error_occurred || r.iterations == 0)
+        continue;
+      double s = r.real_accumulated_time / static_cast<double>(r.iterations);
+      auto [it, fresh] = gBest.emplace(r.run_name.function_name, s);
+      if (!fresh)
+        it->second = std::min(it->second, s);
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+std::string key(const std::string &w, int t, const std::string &backend) {
+  return w + "/threads:" + std::to_string(t) + "/" + backend;
+}
+
+struct Target {
+  const char *prefix;  // workload family
+  const char *baseline; // backend the ratio is against
+  double goal;          // ratio = baseline time / tt time >= goal
+};
+const Target kTargets[] = {
+    {"clone/", "memcpy", 0.9}, {"contiguous/", "libtorch", 1.0}, {"add/", "libtorch", 1.0},
+    {"mul/", "libtorch", 1.0}, {"matmul/", "libtorch", 0.8},
+};
+
+int summarize(const std::vector<std::string> &names, const std::vector<int> &threads, bool markdown) {
+  int missed = 0;
+  auto best = [](const std::string &k) {
+    auto it = gBest.find(k);
+    return it == gBest.end() ? NAN : it->second;
+  };
+  std::printf("\n%s", markdown ? "| threads | workload | baseline | baseline ms | LibTorch ms | tt ms | ratio | "
+                                 "target | | tt trace-off vs no-trace |\n|---|---|---|---|---|---|---|---|---|---|\n"
+                               : "Ratios (baseline time / tt time; fastest repetition of each)\n");
+  std::vector<double> traceRatios;
+  for (int t : threads) {
+    for (const std::string &w : names) {
+      const Target *tg = nullptr;
+      for (const Target &x : kTargets)
+        if (w.rfind(x.prefix, 0) == 0)
+          tg = &x;
+      if (!tg)
+        continue;
+      double base = best(key(w, t, tg->baseline)), torch = best(key(w, t, "libtorch")),
+             tt = best(key(w, t, "tt")), notrace = best(key(w, t, "tt-notrace"));
+      if (std::isnan(base) || std::isnan(tt))
+        continue; // filtered out
+      double ratio = base / tt, trace = tt / notrace;
+      if (!std::isnan(trace))
+        traceRatios.push_back(trace);
+      bool ok = ratio >= tg->goal;
+      missed += !ok;
+      if (markdown)
+        std::printf("| %d | %s | %s | %.3f | %.3f | %.3f | %.2fx | >= %.1fx | %s | %+.1f%% |\n", t, w.c_str(),
+                    tg->baseline, base * 1e3, torch * 1e3, tt * 1e3, ratio, tg->goal, ok ? "met" : "**missed**",
+                    (trace - 1) * 100);
+      else
+        std::printf("  threads=%d %-26s %-8s %9.3f ms  libtorch %9.3f ms  tt %9.3f ms  ratio %5.2fx (>= %.1fx) "
+                    "%-6s  trace-off %+5.1f%%\n",
+                    t, w.c_str(), tg->baseline, base * 1e3, torch * 1e3, tt * 1e3, ratio, tg->goal,
+                    ok ? "met" : "MISSED", (trace - 1) * 100);
+    }
+  }
+  double logSum = 0;
+  for (double r : traceRatios)
+    logSum += std::log(r);
+  if (traceRatios.empty()) {
+    std::printf("%d target(s) missed\n", missed);
+    return missed;
+  }
+  double geo = std::exp(logSum / static_cast<double>(traceRatios.size()));
+  bool traceOk = geo <= 1.02;
+  missed += !traceOk;
+  std::printf("%sTrace support compiled in but off, vs built without it: geometric mean %+.2f%% over %zu "
+              "benchmarks (target <= +2%%): %s\n",
+              markdown ? "\n" : "  ", (geo - 1) * 100, traceRatios.size(), traceOk ? "met" : "MISSED");
+  std::printf("%d target(s) missed\n", missed);
+  return missed;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  int reps = 3;
+  bool markdown = false;
+  std::vector<int> threads = {1, 2};
+  std::vector<char *> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--reps=", 0) == 0)
+      reps = std::max(1, std::atoi(a.c_str() + 7));
+    else if (a == "--markdown")
+      markdown = true;
+    else if (a.rfind("--threads=", 0) == 0) {
+      threads.clear();
+      for (const char *p = a.c_str() + 10; *p; ++p)
+        if (*p >= '1' && *p <= '9')
+          threads.push_back(*p - '0');
+    } else
+      args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+
+  gBackends.push_back(load("libtorch", BENCH_PLUGIN_TORCH));
+  gBackends.push_back(load("tt", BENCH_PLUGIN_TT));
+  gBackends.push_back(load("tt-notrace", BENCH_PLUGIN_TT_NOTRACE));
+
+  std::vector<std::string> names;
+  for (const BenchWorkload &w : gBackends[0].workloads)
+    names.push_back(w.name);
+  for (int t : threads) {
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      std::vector<std::pair<std::string, BenchWorkload>> variants;
+      if (auto m = kMemcpy.find(names[i]); m != kMemcpy.end())
+        variants.emplace_back("memcpy", m->second);
+      for (const Backend &b : gBackends)
+        variants.emplace_back(b.label, b.workloads.at(i));
+      for (const auto &[label, w] : variants) {
+        benchmark::RegisterBenchmark(key(names[i], t, label).c_str(),
+                                     [w = w, t](benchmark::State &s) {
+                                       setThreads(t);
+                                       void *state = w.setup();
+                                       for (auto _ : s)
+                                         w.run(state);
+                                       w.teardown(state);
+                                       s.SetBytesProcessed(static_cast<std::int64_t>(w.bytes) * s.iterations());
+                                     })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond)
+            ->Repetitions(reps)
+            ->ReportAggregatesOnly(false);
+      }
+    }
+  }
+  Collector collector;
+  benchmark::RunSpecifiedBenchmarks(&collector);
+  benchmark::Shutdown();
+  summarize(names, threads, markdown);
+  return 0;
+}
