@@ -307,3 +307,26 @@ TEST(Threads, SetAndGet) {
   EXPECT_THROW(tt::set_num_threads(0), tt::Error);
   tt::set_num_threads(before);
 }
+
+TEST(Indexing, TensorIndicesGatherAndScatter) {
+  tt::Tensor x = tt::arange(12, tt::kFloat).view({3, 4});
+  tt::Tensor rows = x.index({tt::tensor({2, 0})});
+  EXPECT_FALSE(rows.is_alias_of(x)); // advanced indexing copies
+  EXPECT_TRUE(rows.equal(tt::tensor({{8.0, 9.0, 10.0, 11.0}, {0.0, 1.0, 2.0, 3.0}})));
+  EXPECT_EQ(v(x.index({Slice(), tt::tensor({1, 3}).view({2, 1})}).sizes()), (V{3, 2, 1}));
+  EXPECT_TRUE(x.index({x > 5}).equal(tt::tensor({6.0, 7.0, 8.0, 9.0, 10.0, 11.0})));
+  EXPECT_TRUE(x.index({tt::tensor({true, false, true})}).equal(x.index({tt::tensor({0, 2})})));
+  tt::Tensor y = x.clone();
+  y.index_put_({y > 5}, 0);
+  EXPECT_EQ(y._version(), 1u);
+  EXPECT_TRUE(y.equal(tt::tensor({{0.0, 1.0, 2.0, 3.0}, {4.0, 5.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}})));
+  tt::Tensor z = x.clone();
+  z.index_put_({Slice(), tt::tensor({0, 2})}, tt::tensor({-1.0, -2.0}));
+  EXPECT_TRUE(z.equal(tt::tensor({{-1.0, 1.0, -2.0, 3.0}, {-1.0, 5.0, -2.0, 7.0}, {-1.0, 9.0, -2.0, 11.0}})));
+  tt::Tensor w = tt::arange(12, tt::kFloat).view({3, 4}).requires_grad_();
+  w.index({tt::tensor({0, 0, 2})}).sum().backward();
+  EXPECT_TRUE(w.grad().equal(tt::tensor({{2.0, 2.0, 2.0, 2.0}, {0.0, 0.0, 0.0, 0.0}, {1.0, 1.0, 1.0, 1.0}})));
+  EXPECT_EQ(errorOf([&] { x.index({tt::tensor({5})}); }), "index 5 is out of bounds for dimension 0 with size 3");
+  EXPECT_EQ(errorOf([&] { x.index({tt::tensor({true, false})}); }),
+            "The shape of the mask [2] at index 0 does not match the shape of the indexed tensor [3, 4] at index 0");
+}
