@@ -73,8 +73,10 @@ double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
 } // namespace
 
 int main(int argc, char **argv) {
-  if (!tt::cuda::is_available()) {
-    std::cerr << "tt_cuda_bench: no CUDA device available\n";
+  try {
+    (void)tt::empty({1}, tt::TensorOptions().device(tt::kCUDA));
+  } catch (const std::exception &e) {
+    std::cerr << "tt_cuda_bench: no CUDA device: " << e.what() << "\n";
     return 2;
   }
   cudaDeviceProp prop{};
@@ -129,6 +131,7 @@ int main(int argc, char **argv) {
   // 4. non_blocking overlap: a matmul on one stream, the copy on another.
   {
     tt::Tensor a = tt::ones({6144, 6144}, cuda), b = tt::ones({6144, 6144}, cuda);
+    tt::cuda::synchronize(); // pool streams do not wait for the default stream
     tt::cuda::Stream computeStream = tt::cuda::getStreamFromPool();
     tt::cuda::Stream copyStream = tt::cuda::getStreamFromPool();
     auto compute = [&] {

@@ -282,6 +282,12 @@ bool asMat(const backend::TensorDesc &d, Mat *m) {
 void matmulK(const backend::TensorDesc &out, const backend::TensorDesc &a,
              const backend::TensorDesc &b) {
   const std::int64_t B = out.sizes[0], M = out.sizes[1], N = out.sizes[2], K = a.sizes[2];
+  if (out.numel() == 0)
+    return;
+  if (K == 0) { // an empty sum: zeros, as PyTorch
+    cudaops::fill(operand(out), 0.0, cur());
+    return;
+  }
   const std::size_t es = elementSize(out.dtype);
   auto dense = [&](const backend::TensorDesc &d, Scratch &buf) {
     backend::TensorDesc c = d;

@@ -112,9 +112,12 @@ __device__ __forceinline__ Acc applyBinary(const Params<Acc> &p, Acc x, Acc y) {
   case BinaryOp::Sub: return x - p.alpha * y;
   case BinaryOp::Mul: return x * y;
   case BinaryOp::Div:
-    if constexpr (std::is_integral_v<Acc>)
-      return y == 0 ? Acc(0) : x / y; // unreachable: the runtime true-divides in Float
-    else
+    if constexpr (std::is_integral_v<Acc>) { // floors, as the CPU backend; no trap on 0
+      if (y == 0)
+        return Acc(0);
+      const Acc q = x / y;
+      return (x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q;
+    } else
       return x / y;
   case BinaryOp::Pow: return fpow(x, y);
   case BinaryOp::Maximum: return maxNan(x, y);

@@ -470,7 +470,10 @@ TEST(CudaStreams, WorkOnAPoolStreamIsOrderedByEvents) {
   tt::cuda::Stream s = tt::cuda::getStreamFromPool();
   EXPECT_NE(s, tt::cuda::getDefaultCUDAStream());
   Tensor a = tt::zeros({1 << 16}, tt::TensorOptions().device(tt::kCUDA));
-  tt::cuda::Event ready;
+  // Pool streams do not wait for the default stream: order the zero-fill first.
+  tt::cuda::Event zeroed, ready;
+  zeroed.record();
+  zeroed.block(s);
   {
     tt::cuda::CUDAStreamGuard guard(s);
     EXPECT_EQ(tt::cuda::getCurrentCUDAStream(), s);
