@@ -33,7 +33,9 @@ void check(cublasStatus_t st, const char *what) {
 }
 
 std::mutex g_mu;
-std::unordered_map<int, cublasHandle_t> g_handles; // one per device
+// One per device, never destroyed: cublasDestroy after the driver unloads at
+// exit can crash.
+std::unordered_map<int, cublasHandle_t> g_handles;
 
 cublasHandle_t handleFor(void *stream) {
   int dev = 0;
@@ -80,13 +82,6 @@ void gemm(DType dtype, bool transA, bool transB, std::int64_t m, std::int64_t n,
                                    static_cast<int>(ldc), strideC, static_cast<int>(batch), compute,
                                    CUBLAS_GEMM_DEFAULT),
         "cublasGemmStridedBatchedEx");
-}
-
-void blasShutdown() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  for (auto &[dev, h] : g_handles)
-    cublasDestroy(h);
-  g_handles.clear();
 }
 
 } // namespace tt::cudaops

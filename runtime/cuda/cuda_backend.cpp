@@ -433,8 +433,11 @@ CUDAStreamGuard::~CUDAStreamGuard() { setCurrentCUDAStream(prev_); }
 
 Event::Event(bool enable_timing) : handle_(cudaops::eventCreate(enable_timing)) {}
 Event::~Event() {
-  if (handle_)
-    cudaops::eventDestroy(handle_);
+  try { // a destructor must not throw, e.g. after a sticky kernel fault
+    if (handle_)
+      cudaops::eventDestroy(handle_);
+  } catch (...) {
+  }
 }
 void Event::record(const Stream &s) { cudaops::eventRecord(handle_, s.handle()); }
 void Event::record() { record(getCurrentCUDAStream()); }

@@ -125,7 +125,6 @@ void gemm(DType dtype, bool transA, bool transB, std::int64_t m, std::int64_t n,
           const void *A, std::int64_t lda, std::int64_t strideA, const void *B, std::int64_t ldb,
           std::int64_t strideB, void *C, std::int64_t ldc, std::int64_t strideC,
           std::int64_t batch, void *stream);
-void blasShutdown();
 
 // --- host-side planning, exposed for unit tests (no GPU needed) --------------
 // Operands of one elementwise launch after PyTorch TensorIterator-style
