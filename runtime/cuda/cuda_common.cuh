@@ -81,6 +81,11 @@ template <int N> struct OffsetCalc {
   std::int64_t strides[N][kMaxDims];
 
   __host__ __device__ void get(std::int64_t linear, std::int64_t *offs) const {
+    if (ndim == 1) { // coalesced dense operands: no 64-bit division
+      for (int k = 0; k < N; ++k)
+        offs[k] = linear * strides[k][0];
+      return;
+    }
     for (int k = 0; k < N; ++k)
       offs[k] = 0;
     for (int d = 0; d < ndim; ++d) {

@@ -1,4 +1,5 @@
 // Host-side planning of the CUDA kernels: runs without a GPU.
+#include "cuda_common.cuh" // OffsetCalc is __host__ __device__: checked here on the host
 #include "cuda_ops.h"
 
 #include <gtest/gtest.h>
@@ -185,4 +186,40 @@ TEST(CudaPlan, TooManyDimsIsAClearError) {
   std::vector<std::int64_t> s(kMaxDims + 1, 1);
   EXPECT_THROW(makeOperand(&fakeBase, DType::Float, s.data(), s.data(), kMaxDims + 1),
                std::runtime_error);
+}
+
+TEST(CudaPlan, KernelOffsetCalculatorMatchesTheNaiveWalk) {
+  // The exact index math the kernels run, executed on the host.
+  const std::int64_t sz[3] = {2, 3, 4}, st[3] = {12, 4, 1};
+  const std::vector<std::vector<int>> perms = {{0, 1, 2}, {2, 0, 1}, {1, 2, 0}, {2, 1, 0}};
+  for (const auto &pa : perms) {
+    Operand a = op({sz[pa[0]], sz[pa[1]], sz[pa[2]]}, {st[pa[0]], st[pa[1]], st[pa[2]]});
+    Operand b = op({a.sizes[0], a.sizes[1], a.sizes[2]}, {a.sizes[1] * a.sizes[2], a.sizes[2], 1});
+    Operand c = op({a.sizes[0], a.sizes[1], a.sizes[2]}, {0, 1, 0}); // broadcast
+    const Operand *ops[3] = {&b, &a, &c};
+    Plan p = planElementwise(ops, 3);
+    OffsetCalc<3> oc = makeOffsetCalc<3>(p);
+    std::vector<std::vector<std::int64_t>> got, want;
+    for (std::int64_t i = 0; i < planNumel(p); ++i) {
+      std::int64_t offs[3];
+      oc.get(i, offs);
+      got.push_back({offs[0], offs[1], offs[2]});
+    }
+    std::vector<std::int64_t> idx(3, 0);
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+      std::vector<std::int64_t> w(3, 0);
+      for (int d = 0; d < 3; ++d)
+        for (int k = 0; k < 3; ++k)
+          w[k] += idx[d] * ops[k]->strides[d];
+      want.push_back(w);
+      for (int d = 2; d >= 0; --d) {
+        if (++idx[d] < a.sizes[d])
+          break;
+        idx[d] = 0;
+      }
+    }
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(got, want);
+  }
 }
