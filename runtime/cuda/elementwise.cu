@@ -2,6 +2,7 @@
 // per (compute type, arity); the op is a uniform runtime switch, which keeps
 // nvcc's work small and costs nothing measurable on memory-bound kernels.
 #include "cuda_common.cuh"
+#include "kernel_math.cuh"
 
 #include <cmath>
 
@@ -15,122 +16,6 @@ template <typename Acc> struct Inputs {
   DType dtype[3];
   Acc scalar[3];
 };
-
-template <typename Acc> struct Params {
-  int op;
-  Acc a, b, alpha;
-  bool hasA, hasB;
-};
-
-template <typename Acc> __device__ __forceinline__ bool isNan(Acc x) {
-  if constexpr (std::is_floating_point_v<Acc>)
-    return x != x;
-  else
-    return false;
-}
-
-// Integer power by squaring; negative exponents give 0 except for bases +-1.
-__device__ __forceinline__ long long ipow(long long base, long long e) {
-  if (e < 0)
-    return base == 1 ? 1 : (base == -1 ? ((e & 1) ? -1 : 1) : 0);
-  long long r = 1;
-  while (e) {
-    if (e & 1)
-      r *= base;
-    base *= base;
-    e >>= 1;
-  }
-  return r;
-}
-
-template <typename Acc> __device__ __forceinline__ Acc fpow(Acc x, Acc y) {
-  if constexpr (std::is_integral_v<Acc>)
-    return ipow(x, y);
-  else
-    return pow(x, y);
-}
-
-// Transcendental ops on an integral compute type do not happen (the runtime
-// promotes to Float first); route them through double so the code compiles.
-template <typename Acc> __device__ __forceinline__ Acc fexp(Acc x) {
-  if constexpr (std::is_integral_v<Acc>) return static_cast<Acc>(exp(double(x)));
-  else return exp(x);
-}
-template <typename Acc> __device__ __forceinline__ Acc flog(Acc x) {
-  if constexpr (std::is_integral_v<Acc>) return static_cast<Acc>(log(double(x)));
-  else return log(x);
-}
-template <typename Acc> __device__ __forceinline__ Acc fsqrt(Acc x) {
-  if constexpr (std::is_integral_v<Acc>) return static_cast<Acc>(sqrt(double(x)));
-  else return sqrt(x);
-}
-template <typename Acc> __device__ __forceinline__ Acc ftanh(Acc x) {
-  if constexpr (std::is_integral_v<Acc>) return static_cast<Acc>(tanh(double(x)));
-  else return tanh(x);
-}
-
-template <typename Acc> __device__ __forceinline__ Acc maxNan(Acc x, Acc y) {
-  return isNan(x) ? x : (isNan(y) ? y : (x > y ? x : y));
-}
-template <typename Acc> __device__ __forceinline__ Acc minNan(Acc x, Acc y) {
-  return isNan(x) ? x : (isNan(y) ? y : (x < y ? x : y));
-}
-
-template <typename Acc>
-__device__ __forceinline__ Acc applyUnary(const Params<Acc> &p, Acc x) {
-  switch (static_cast<UnaryOp>(p.op)) {
-  case UnaryOp::Neg: return -x;
-  case UnaryOp::Abs: return x < Acc(0) ? -x : x;
-  case UnaryOp::Exp: return fexp(x);
-  case UnaryOp::Log: return flog(x);
-  case UnaryOp::Sqrt: return fsqrt(x);
-  case UnaryOp::Relu: return isNan(x) ? x : (x > Acc(0) ? x : Acc(0));
-  case UnaryOp::Sigmoid: return Acc(1) / (Acc(1) + fexp(-x));
-  case UnaryOp::Tanh: return ftanh(x);
-  case UnaryOp::Clamp: {
-    if (isNan(x))
-      return x;
-    Acc r = x;
-    if (p.hasA)
-      r = maxNan(r, p.a);
-    if (p.hasB)
-      r = minNan(r, p.b);
-    return r;
-  }
-  case UnaryOp::PowScalar: return fpow(x, p.a);
-  case UnaryOp::RPowScalar: return fpow(p.a, x);
-  case UnaryOp::Reciprocal: return Acc(1) / x;
-  case UnaryOp::Identity: return x;
-  }
-  return x;
-}
-
-template <typename Acc>
-__device__ __forceinline__ Acc applyBinary(const Params<Acc> &p, Acc x, Acc y) {
-  switch (static_cast<BinaryOp>(p.op)) {
-  case BinaryOp::Add: return x + p.alpha * y;
-  case BinaryOp::Sub: return x - p.alpha * y;
-  case BinaryOp::Mul: return x * y;
-  case BinaryOp::Div:
-    if constexpr (std::is_integral_v<Acc>) { // floors, as the CPU backend; no trap on 0
-      if (y == 0)
-        return Acc(0);
-      const Acc q = x / y;
-      return (x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q;
-    } else
-      return x / y;
-  case BinaryOp::Pow: return fpow(x, y);
-  case BinaryOp::Maximum: return maxNan(x, y);
-  case BinaryOp::Minimum: return minNan(x, y);
-  case BinaryOp::Eq: return Acc(x == y);
-  case BinaryOp::Ne: return Acc(x != y);
-  case BinaryOp::Lt: return Acc(x < y);
-  case BinaryOp::Le: return Acc(x <= y);
-  case BinaryOp::Gt: return Acc(x > y);
-  case BinaryOp::Ge: return Acc(x >= y);
-  }
-  return x;
-}
 
 // N = operands including the output; N-1 inputs. Arity 4 is where().
 template <typename Acc, int N>

@@ -3,6 +3,7 @@
 // (by the reduced size); few outputs over a long reduction are split across
 // blocks and finished by a second kernel.
 #include "cuda_common.cuh"
+#include "kernel_math.cuh"
 
 #include <cfloat>
 #include <climits>
@@ -11,54 +12,6 @@ namespace tt::cudaops {
 namespace {
 
 constexpr int kBlock = 256;
-
-template <typename Acc> struct Pair {
-  Acc v;
-  long long i;
-};
-
-__host__ __device__ bool isExtremum(ReduceOp op) {
-  return op != ReduceOp::Sum && op != ReduceOp::Mean && op != ReduceOp::Prod;
-}
-__host__ __device__ bool isMaxLike(ReduceOp op) { return op == ReduceOp::Max || op == ReduceOp::Argmax; }
-
-template <typename Acc> __device__ __forceinline__ bool nanOf(Acc x) {
-  if constexpr (std::is_floating_point_v<Acc>)
-    return x != x;
-  else
-    return false;
-}
-
-template <typename Acc> __device__ __forceinline__ Pair<Acc> identity(ReduceOp op) {
-  if (!isExtremum(op))
-    return {op == ReduceOp::Prod ? Acc(1) : Acc(0), -1};
-  if constexpr (std::is_floating_point_v<Acc>)
-    return {isMaxLike(op) ? -INFINITY : INFINITY, -1};
-  else
-    return {isMaxLike(op) ? Acc(LLONG_MIN) : Acc(LLONG_MAX), -1};
-}
-
-// Combines two partial results. Extrema: NaN wins, then the larger (smaller)
-// value, then the smaller index, so the first extremum is reported.
-template <typename Acc>
-__device__ __forceinline__ Pair<Acc> combine(ReduceOp op, Pair<Acc> a, Pair<Acc> b) {
-  if (!isExtremum(op))
-    return {op == ReduceOp::Prod ? a.v * b.v : a.v + b.v, -1};
-  if (b.i < 0)
-    return a;
-  if (a.i < 0)
-    return b;
-  const bool an = nanOf(a.v), bn = nanOf(b.v);
-  if (an || bn) {
-    if (an && bn)
-      return a.i <= b.i ? a : b;
-    return an ? a : b;
-  }
-  if (a.v == b.v)
-    return a.i <= b.i ? a : b;
-  const bool bWins = isMaxLike(op) ? b.v > a.v : b.v < a.v;
-  return bWins ? b : a;
-}
 
 template <typename Acc> __device__ __forceinline__ Pair<Acc> shfl(Pair<Acc> p, int delta) {
   return {__shfl_down_sync(0xffffffffu, p.v, delta), __shfl_down_sync(0xffffffffu, p.i, delta)};
