@@ -5,4 +5,5 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${TT_BUILD_DIR:-$ROOT/build}
 "$ROOT/scripts/setup.sh" "$BUILD"
-exec python3 "$ROOT/scripts/run-lit.py" "$BUILD/test" "$@"
+PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+exec "$PY" "$ROOT/scripts/run-lit.py" "$BUILD/test" "$@"

@@ -5,7 +5,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-${TT_BUILD_DIR:-$ROOT/build}}
 
-PACKAGES=(cmake ninja-build g++ python3 python3-jsonschema
+PACKAGES=(cmake ninja-build g++ python3 python3-jsonschema python3-psutil
           clang-19 libclang-19-dev llvm-19-dev llvm-19-tools clang-tidy-19
           libgtest-dev libbenchmark-dev libopenblas-dev libtorch-dev python3-torch)
 missing=()
