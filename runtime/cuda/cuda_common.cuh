@@ -36,13 +36,9 @@ inline unsigned gridFor(std::int64_t n, int block) {
   return static_cast<unsigned>(g < 1 ? 1 : g);
 }
 
-// --- loads and stores through the runtime dtype -------------------------------
-template <typename Acc> __device__ __forceinline__ Acc fromDouble(double v) {
-  return static_cast<Acc>(v);
-}
-
+// --- loads and stores through the runtime dtype (host-callable for the tests) ---
 template <typename Acc>
-__device__ __forceinline__ Acc loadAs(const void *base, DType dt, std::int64_t off) {
+__host__ __device__ __forceinline__ Acc loadAs(const void *base, DType dt, std::int64_t off) {
   switch (dt) {
   case DType::Float: return static_cast<Acc>(static_cast<const float *>(base)[off]);
   case DType::Double: return static_cast<Acc>(static_cast<const double *>(base)[off]);
@@ -59,7 +55,7 @@ __device__ __forceinline__ Acc loadAs(const void *base, DType dt, std::int64_t o
 // Float -> integer conversions truncate like C++ (out-of-range is
 // unspecified in PyTorch too); anything -> bool is "!= 0" (NaN is true).
 template <typename Acc>
-__device__ __forceinline__ void storeAs(void *base, DType dt, std::int64_t off, Acc v) {
+__host__ __device__ __forceinline__ void storeAs(void *base, DType dt, std::int64_t off, Acc v) {
   switch (dt) {
   case DType::Float: static_cast<float *>(base)[off] = static_cast<float>(v); return;
   case DType::Double: static_cast<double *>(base)[off] = static_cast<double>(v); return;

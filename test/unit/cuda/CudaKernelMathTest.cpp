@@ -1,10 +1,15 @@
-// The kernels' per-element math (kernel_math.cuh is __host__ __device__),
-// run on the host against PyTorch's semantics: no GPU needed.
+// The kernels' per-element math and dtype conversions (kernel_math.cuh,
+// cuda_common.cuh: __host__ __device__), run on the host against PyTorch's
+// semantics and the CPU runtime: no GPU needed.
+#include "cuda_common.cuh"
 #include "kernel_math.cuh"
+#include "tt/types.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
 
 using namespace tt::cudaops;
 
@@ -82,4 +87,54 @@ TEST(CudaKernelMath, ExtremaPreferNanThenTheFirstIndex) {
   EXPECT_EQ(combine(ReduceOp::Prod, identity<float>(ReduceOp::Prod), P{3.f, -1}).v, 3.f);
   const Pair<long long> lid = identity<long long>(ReduceOp::Min);
   EXPECT_EQ(combine(ReduceOp::Min, lid, Pair<long long>{LLONG_MAX, 4}).i, 4);
+}
+
+// The kernels' dtype conversions (loadAs/storeAs, host-callable) against the
+// CPU runtime's: every half and bfloat16 bit pattern, and rounding from float.
+TEST(CudaKernelMath, HalfAndBFloat16ConversionsMatchTheCpuBitForBit) {
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    const std::uint16_t h = static_cast<std::uint16_t>(bits);
+    const float gpu = loadAs<float>(&h, DType::Half, 0);
+    const float cpu = tt::Half::toFloat(h);
+    if (std::isnan(cpu)) {
+      EXPECT_TRUE(std::isnan(gpu)) << bits;
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(&gpu, &cpu, 4), 0) << "half bits " << bits;
+    tt::BFloat16 b;
+    b.x = h;
+    const float gb = loadAs<float>(&h, DType::BFloat16, 0);
+    if (!std::isnan(float(b)))
+      ASSERT_EQ(gb, float(b)) << "bf16 bits " << bits;
+  }
+  std::mt19937 g(11);
+  std::uniform_int_distribution<std::uint32_t> u;
+  for (int i = 0; i < 200000; ++i) {
+    std::uint32_t fb = u(g);
+    float f;
+    std::memcpy(&f, &fb, 4);
+    if (std::isnan(f))
+      continue;
+    std::uint16_t gh = 0, gb = 0;
+    storeAs<float>(&gh, DType::Half, 0, f);
+    storeAs<float>(&gb, DType::BFloat16, 0, f);
+    ASSERT_EQ(gh, tt::Half::fromFloat(f)) << f;
+    ASSERT_EQ(gb, tt::BFloat16::fromFloat(f)) << f;
+  }
+}
+
+TEST(CudaKernelMath, IntegerAndBoolConversionsFollowCpp) {
+  bool b = false;
+  storeAs<double>(&b, DType::Bool, 0, 0.25);
+  EXPECT_TRUE(b);
+  storeAs<double>(&b, DType::Bool, 0, NAN);
+  EXPECT_TRUE(b); // NaN != 0
+  std::int32_t i = 0;
+  storeAs<double>(&i, DType::Int, 0, -2.75);
+  EXPECT_EQ(i, -2);
+  long long l = 0;
+  storeAs<long long>(&l, DType::Long, 0, (1LL << 60) + 1);
+  EXPECT_EQ(l, (1LL << 60) + 1);
+  const bool t = true;
+  EXPECT_EQ(loadAs<long long>(&t, DType::Bool, 0), 1);
 }
