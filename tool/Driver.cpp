@@ -406,6 +406,11 @@ int runDriver(DriverOptions &Opts) {
   // Output, then fixes. clang-tidy's reporter prints text and applies fixes
   // in one go (through llvm::writeToOutput: a temporary renamed over the
   // file, never a half-written one).
+  // As clang-tidy without --fix-errors: no fixes computed on a broken AST.
+  if (Opts.Fix && llvm::any_of(Report.Errors, isCompilerError)) {
+    llvm::errs() << "tensor-tidy: warning: found compiler errors; fixes not applied\n";
+    Opts.Fix = false;
+  }
   unsigned WarningsAsErrors = 0;
   auto BaseFS = llvm::vfs::getRealFileSystem();
   auto ClangTidyReport = [&] {
