@@ -12,12 +12,13 @@
 int main() {
   tt::manual_seed(6);
   const tt::Device device = tt::cuda::is_available() ? tt::Device(tt::kCUDA) : tt::Device(tt::kCPU);
-  tt::Tensor counts = tt::tensor({900.0, 50.0, 30.0, 15.0, 5.0}, tt::kDouble);
-  tt::Tensor class_weights = counts.sum().div(counts).div(5.0); // inverse frequency, on the host
+  const std::int64_t classes = 1000;
+  tt::Tensor counts = tt::arange(1, classes + 1, tt::kDouble).pow(-1.1).mul(1e6); // long-tailed label counts
+  tt::Tensor class_weights = counts.sum().div(counts).div(double(classes)); // inverse frequency, on the host
 
   double total = 0;
   for (int step = 0; step < 100; ++step) {
-    tt::Tensor probs = tt::rand({64, 5}, device);
+    tt::Tensor probs = tt::rand({64, classes}, device);
     tt::Tensor w = class_weights.to(device, tt::kFloat); // every step: convert and transfer
     total += probs.mul(w).sum().item<float>();
   }

@@ -2,15 +2,15 @@
 //
 // `logged = hidden.detach()` shares storage with `hidden`; dividing it in
 // place for the activation log also rescales `hidden`, and the classifier's
-// logits are computed from the rescaled activations. No error is raised
-// (evaluation runs under NoGradGuard): the predictions are silently wrong.
+// logits are computed from the rescaled activations. Nothing requires grad in
+// this evaluation pass, so no error is raised: the predictions are silently
+// wrong.
 #include <tt/tt.h>
 
 #include <cstdio>
 
 int main() {
   tt::manual_seed(3);
-  tt::NoGradGuard no_grad; // evaluation
   tt::Tensor w1 = tt::randn({32, 64}).mul(0.2);
   tt::Tensor w2 = tt::randn({64, 5}).mul(0.2);
   tt::Tensor batch = tt::randn({16, 32});

@@ -14,10 +14,15 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
+#include "llvm/Support/ThreadPool.h"
+#include "llvm/Support/Threading.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/ADT/ScopeExit.h"
 
+#include <chrono>
+#include <csignal>
 #include <map>
+#include <thread>
 #include <set>
 
 extern char **environ;
@@ -158,7 +163,24 @@ RunResult execute(ArrayRef<std::string> Args, StringRef Cwd, std::optional<Array
   std::string ErrMsg;
   bool Failed = false;
   RunResult R;
-  R.RC = sys::ExecuteAndWait(Refs[0], Refs, Env, Redirects, Seconds, MemMB, &ErrMsg, &Failed);
+  // ExecuteAndWait's timeout is alarm()-based, which is not safe with several
+  // waits on threads: poll instead, and kill at the deadline.
+  sys::ProcessInfo PI = sys::ExecuteNoWait(Refs[0], Refs, Env, Redirects, MemMB, &ErrMsg, &Failed);
+  if (!Failed) {
+    auto Deadline = std::chrono::steady_clock::now() + std::chrono::seconds(Seconds);
+    sys::ProcessInfo W;
+    while ((W = sys::Wait(PI, /*SecondsToWait=*/0, &ErrMsg, nullptr, /*Polling=*/true)).Pid == 0) {
+      if (std::chrono::steady_clock::now() > Deadline) {
+        ::kill(PI.Pid, SIGKILL);
+        sys::Wait(PI, std::nullopt);
+        ErrMsg = "Child timed out";
+        W.ReturnCode = -2;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    R.RC = W.ReturnCode;
+  }
   R.Stdout = readFile(Out);
   R.Stderr = readFile(Err);
   if (Failed) {
@@ -191,7 +213,7 @@ std::string firstError(StringRef Out) {
   SmallVector<StringRef> L;
   Out.split(L, '\n');
   for (StringRef S : L)
-    if (S.contains("error:"))
+    if ((S.contains("error:") && !S.contains("linker command failed")) || S.contains("undefined reference"))
       return S.trim().str();
   return Out.trim().split('\n').first.str();
 }
@@ -222,6 +244,7 @@ struct Finding {
 
 struct Program {
   std::string File, Dir; // the TU and its compile directory
+  std::string Name;      // for scratch files: the TU's stem, made unique
   std::vector<std::string> Flags;
   std::vector<Finding *> Findings;
   std::map<std::string, std::string> Original, Fixed; // path -> text, for files with fixes
@@ -326,6 +349,7 @@ struct Verifier {
   std::vector<std::unique_ptr<Finding>> Findings;
   OutputFormat Format = OutputFormat::Text;
   std::string Summary;
+  unsigned Jobs = 0; // parallel builds and runs; 0: one per core
 
   int verifyAll(ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB,
                 ArrayRef<std::string> Files, std::string &Report);
@@ -336,14 +360,14 @@ struct Verifier {
 };
 
 bool Verifier::build(Program &P, bool Fixed, std::string &Log, std::string &Exe) {
-  std::string Tag = sys::path::stem(P.File).str() + (Fixed ? ".fixed" : ".orig");
+  std::string Tag = P.Name + (Fixed ? ".fixed" : ".orig");
   Exe = Scratch + "/" + Tag;
   std::vector<std::string> Args = {Compiler};
   Args.insert(Args.end(), P.Flags.begin(), P.Flags.end());
   if (Fixed) {
     json::Array Roots;
     for (auto &[Path, Text] : P.Fixed) {
-      std::string Copy = Scratch + "/" + sys::path::stem(P.File).str() + ".fixed." + baseName(Path);
+      std::string Copy = Scratch + "/" + P.Name + ".fixed." + baseName(Path);
       if (!writeFile(Copy, Text)) {
         Log = "cannot write the scratch copy " + Copy;
         return false;
@@ -375,7 +399,7 @@ bool Verifier::build(Program &P, bool Fixed, std::string &Log, std::string &Exe)
 }
 
 void Verifier::runProgram(Program &P, bool Fixed, const std::string &Exe) {
-  std::string Tag = sys::path::stem(P.File).str() + (Fixed ? ".fixed" : ".orig");
+  std::string Tag = P.Name + (Fixed ? ".fixed" : ".orig");
   std::string TracePath = Scratch + "/" + Tag + ".trace.jsonl";
   sys::fs::remove(TracePath);
   std::vector<std::string> EnvStore;
@@ -430,8 +454,13 @@ std::string outputDiff(StringRef A, StringRef B) {
   B.split(LB, '\n');
   for (size_t I = 0; I < std::max(LA.size(), LB.size()); ++I) {
     StringRef X = I < LA.size() ? LA[I] : "", Y = I < LB.size() ? LB[I] : "";
+    auto Squeeze = [](StringRef L) {
+      SmallVector<StringRef> W;
+      L.split(W, ' ', -1, false);
+      return join(W, " ");
+    };
     if (X != Y)
-      return ("\"" + X.trim() + "\" became \"" + Y.trim() + "\"").str();
+      return "\"" + Squeeze(X) + "\" became \"" + Squeeze(Y) + "\"";
   }
   return "";
 }
@@ -729,6 +758,7 @@ int runVerify(DriverOptions &Opts, const char *Argv0) {
   if (Opts.Format != OutputFormat::Text)
     Opts.Output = V.Scratch + "/report.json";
   V.Format = Opts.Format;
+  V.Jobs = Opts.Jobs;
   Opts.AfterAnalysis = [&V](ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB,
                             ArrayRef<std::string> Files, std::string &Report) {
     return V.verifyAll(Errors, DB, Files, Report);
@@ -896,38 +926,48 @@ int Verifier::verifyAll(ArrayRef<ClangTidyError> Errors, const clang::tooling::C
     }
   }
 
-  // Build and run. Programs without findings are skipped: nothing to prove.
+  // Build and run, the original and the fixed program of each in parallel.
+  // Programs without findings are skipped: nothing to prove.
+  {
+    std::map<std::string, unsigned> Stems;
+    for (auto &PP : V.Programs) {
+      std::string Stem = sys::path::stem(PP->File).str();
+      unsigned N = Stems[Stem]++;
+      PP->Name = N ? Stem + "-" + std::to_string(N) : Stem;
+    }
+    DefaultThreadPool Pool(hardware_concurrency(Jobs));
+    for (auto &PP : V.Programs) {
+      Program &P = *PP;
+      if (P.Findings.empty() || !P.Status.empty())
+        continue;
+      Pool.async([&V, &P] {
+        std::string Exe;
+        if ((P.OrigBuilt = V.build(P, false, P.OrigBuild, Exe)))
+          V.runProgram(P, false, Exe);
+      });
+      if (any_of(P.Findings, [](Finding *F) { return F->FixApplied; }))
+        Pool.async([&V, &P] {
+          std::string Exe;
+          if ((P.FixedBuilt = V.build(P, true, P.FixedBuild, Exe)))
+            V.runProgram(P, true, Exe);
+        });
+    }
+    Pool.wait();
+  }
   for (auto &PP : V.Programs) {
     Program &P = *PP;
     if (P.Findings.empty() || !P.Status.empty())
       continue;
-    std::string Exe;
-    P.OrigBuilt = V.build(P, false, P.OrigBuild, Exe);
-    if (!P.OrigBuilt) {
+    if (!P.OrigBuilt)
       P.Status = StringRef(P.OrigBuild).contains("undefined reference to `main'")
                      ? "not a program: it defines no main() (--verify runs TUs that define main)"
                      : "the original does not build: " + firstError(P.OrigBuild);
-      continue;
-    }
-    V.runProgram(P, false, Exe);
-    if (P.OrigRun.TimedOut) {
+    else if (P.OrigRun.TimedOut)
       P.Status = formatv("the original program timed out after {0} s", Timeout.getValue()).str();
-      continue;
-    }
-    if (!P.OrigRun.Started) {
+    else if (!P.OrigRun.Started)
       P.Status = "the original program could not be started: " + P.OrigRun.Stderr;
-      continue;
-    }
-    if (!P.OrigTrace.Loaded) {
+    else if (!P.OrigTrace.Loaded)
       P.Status = "the original program wrote no trace (is the runtime built with TT_TRACE=ON?)";
-      continue;
-    }
-    bool AnyFix = any_of(P.Findings, [](Finding *F) { return F->FixApplied; });
-    if (AnyFix) {
-      P.FixedBuilt = V.build(P, true, P.FixedBuild, Exe);
-      if (P.FixedBuilt)
-        V.runProgram(P, true, Exe);
-    }
   }
 
   // Verdicts.
@@ -991,9 +1031,14 @@ int Verifier::verifyAll(ArrayRef<ClangTidyError> Errors, const clang::tooling::C
     OS << "verify " << relativeToCwd(PP->File) << "\n";
     for (Finding *F : PP->Findings) {
       OS << relativeToCwd(F->File) << ":" << F->Line << ":" << F->Col << ": [" << F->Check << "]\n";
-      OS << "  hazard " << F->Hazard << (F->HazardEv.empty() ? "" : ": ") << join(F->HazardEv, "; ") << "\n";
-      OS << "  fix " << (F->Fix == "none" ? "none offered" : F->Fix) << (F->FixEv.empty() ? "" : ": ")
-         << join(F->FixEv, "; ") << "\n";
+      // The verdict with its first piece of evidence, then one line per further piece.
+      auto Verdict = [&](StringRef What, StringRef V, ArrayRef<std::string> Ev) {
+        OS << "  " << What << " " << V << (Ev.empty() ? "" : ": ") << (Ev.empty() ? "" : Ev.front()) << "\n";
+        for (size_t I = 1; I < Ev.size(); ++I)
+          OS << "      " << Ev[I] << "\n";
+      };
+      Verdict("hazard", F->Hazard, F->HazardEv);
+      Verdict("fix", F->Fix == "none" ? "none offered" : F->Fix, F->FixEv);
     }
   }
   OS << "verify: " << Summary << "\n";
