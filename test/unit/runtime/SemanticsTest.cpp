@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -329,4 +330,41 @@ TEST(Indexing, TensorIndicesGatherAndScatter) {
   EXPECT_EQ(errorOf([&] { x.index({tt::tensor({5})}); }), "index 5 is out of bounds for dimension 0 with size 3");
   EXPECT_EQ(errorOf([&] { x.index({tt::tensor({true, false})}); }),
             "The shape of the mask [2] at index 0 does not match the shape of the indexed tensor [3, 4] at index 0");
+}
+
+TEST(Reductions, NonContiguousTiesAndNaN) {
+  tt::Tensor x = (tt::arange(24, tt::kFloat) * 7).sub((tt::arange(24, tt::kFloat) * 7).div(11).to(tt::kLong).mul(11))
+                     .view({2, 3, 4}).permute({2, 0, 1}); // (arange*7 % 11), permuted
+  EXPECT_TRUE(x.sum({0, 2}).equal(tt::tensor({55.0, 62.0})));
+  EXPECT_EQ(x.argmax().item<std::int64_t>(), 15);
+  EXPECT_TRUE(std::get<1>(x.max(0)).equal(tt::tensor({3, 2, 1, 2, 1, 0}).view({2, 3})));
+  EXPECT_TRUE(x.argmin(2).equal(tt::tensor({0, 1, 1, 0, 0, 2, 2, 1}).view({4, 2})));
+  EXPECT_EQ(v(x.sum({1}, true).sizes()), (V{4, 1, 3}));
+  EXPECT_TRUE(x.mean({1, 2}).allclose(tt::tensor({4.0, 5.5, 5.166666507720947, 4.833333492279053})));
+  tt::Tensor y = tt::tensor({1.0, NAN, 3.0, NAN});
+  EXPECT_TRUE(std::isnan(y.max().item<float>()));
+  EXPECT_EQ(y.argmax().item<std::int64_t>(), 1); // the first NaN
+  tt::Tensor z = tt::tensor({2.0, 5.0, 5.0, 1.0});
+  EXPECT_EQ(z.argmax().item<std::int64_t>(), 1); // the first maximum
+  EXPECT_EQ(tt::ones({1000000}).sum().item<float>(), 1000000.0f); // split across threads
+  tt::set_num_threads(2);
+  EXPECT_EQ(tt::ones({1000000}).sum().item<float>(), 1000000.0f);
+  tt::Tensor w = tt::rand({4, 100000});
+  w.index_put_({3, 777}, 5.0);
+  EXPECT_EQ(w.argmax().item<std::int64_t>(), 3 * 100000 + 777);
+  EXPECT_EQ(std::get<1>(w.max(1)).index({3}).item<std::int64_t>(), 777);
+}
+
+TEST(Reductions, OuterDimsMatchInnerPath) {
+  for (int threads : {1, 2}) {
+    tt::set_num_threads(threads);
+    tt::Tensor x = tt::randn({50, 40, 300}, tt::kDouble);
+    // Outer reduction (rows of accumulators) vs the same sum walked inner-first.
+    EXPECT_TRUE(x.sum({0}).allclose(x.permute({1, 2, 0}).contiguous().sum({2}), 1e-10, 1e-10));
+    EXPECT_TRUE(x.sum({0, 1}, true).allclose(x.permute({2, 0, 1}).contiguous().sum({1, 2}).view({1, 1, 300}),
+                                             1e-10, 1e-10));
+    EXPECT_TRUE(x.sum({1}).allclose(x.permute({0, 2, 1}).contiguous().sum({2}), 1e-10, 1e-10));
+    tt::Tensor i = tt::arange(24, tt::kInt).view({4, 6});
+    EXPECT_TRUE(i.sum({0}).equal(tt::tensor({36, 40, 44, 48, 52, 56})));
+  }
 }
