@@ -40,6 +40,8 @@ config.substitutions += [
 
 if config.have_tidy:
     config.available_features.add("tidy")
+if getattr(config, "have_trace", True):
+    config.available_features.add("tt-trace")
 if config.torch_include_flags:
     config.available_features.add("torch")
 if config.have_cuda_build:

@@ -133,6 +133,7 @@ struct Init {
 } // namespace
 
 bool enabled() { return g_on; }
+bool available() { return true; }
 
 bool start(const std::string &path) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -300,6 +301,7 @@ void error(const char *kind, const std::string &message) {
 #else // !TT_WITH_TRACE
 
 bool enabled() { return false; }
+bool available() { return false; }
 bool start(const std::string &) { return false; }
 void stop() {}
 void Scope::enter(const char *, const SourceLocation &) {}

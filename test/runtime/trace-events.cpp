@@ -1,5 +1,6 @@
 // The trace end to end: every event is one JSON object per line, names the
 // user's call site, and records the facts --verify relies on.
+// REQUIRES: tt-trace
 // RUN: %clangxx -std=c++17 %tt_include %s %tt_lib -o %t.exe
 // RUN: env TT_TRACE=%t.jsonl %t.exe
 // RUN: %python -c "import json,sys; [json.loads(l) for l in open(sys.argv[1])]" %t.jsonl

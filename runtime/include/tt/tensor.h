@@ -554,6 +554,8 @@ void reset_memory_stats(Device device = Device(kCPU));
 namespace trace {
 // Whether events are being written (TT_TRACE=<file> at start-up, or start()).
 bool enabled();
+// Whether trace support is compiled in (false with -DTT_TRACE=OFF).
+bool available();
 // Start writing JSON Lines events to path (truncating it); false if it cannot
 // be opened or the runtime was built with -DTT_TRACE=OFF.
 bool start(const std::string &path);
