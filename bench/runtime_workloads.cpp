@@ -74,12 +74,7 @@ extern "C" __attribute__((visibility("default"))) const BenchWorkload *bench_wor
   return kWorkloads;
 }
 
-// Intra-op threads. Both backends use libgomp and the process's one OpenBLAS,
-// which the driver sets; LibTorch also keeps its own count.
+// Intra-op threads: torch::set_num_threads / tt::set_num_threads.
 extern "C" __attribute__((visibility("default"))) void bench_set_threads(int threads) {
-#ifdef BENCH_TORCH
-  torch::set_num_threads(threads);
-#else
-  (void)threads;
-#endif
+  T::set_num_threads(threads);
 }
