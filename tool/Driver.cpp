@@ -355,7 +355,7 @@ int runDriver(DriverOptions &Opts) {
   }
   unsigned Workers = Opts.Jobs ? Opts.Jobs : llvm::hardware_concurrency().compute_thread_count();
   std::string WorkerError = runInWorkers(
-      Workers, Pending,
+      Workers, Opts.TimeoutSec, Pending,
       [&](size_t I) { return analyzeTU(Jobs[I].File, Jobs[I].Commands, Jobs[I].Options); },
       [&](size_t I, TUResult R) {
         R.File = Jobs[I].File;

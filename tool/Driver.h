@@ -37,6 +37,7 @@ struct DriverOptions {
   std::string ExportFixes, Explain, Output, CacheDir;
   OutputFormat Format = OutputFormat::Text;
   unsigned Jobs = 0; // 0: one per core
+  unsigned TimeoutSec = 0; // per TU; 0: none
   /// Runs on the merged findings before they are reported or fixed (the
   /// --verify hook). Appends its report to the string, printed after the
   /// diagnostics; a non-zero result becomes the exit code unless the run

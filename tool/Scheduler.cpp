@@ -14,13 +14,15 @@
 
 namespace tensor_tidy {
 
-static std::string describeExit(int Status) {
+static std::string describeExit(int Status, unsigned TimeoutSec) {
+  if (WIFSIGNALED(Status) && WTERMSIG(Status) == SIGALRM && TimeoutSec)
+    return "timed out (after " + std::to_string(TimeoutSec) + " s)";
   if (WIFSIGNALED(Status))
     return std::string("crashed (") + strsignal(WTERMSIG(Status)) + ")";
   return "crashed (exit status " + std::to_string(WEXITSTATUS(Status)) + ")";
 }
 
-std::string runInWorkers(unsigned Jobs, const std::vector<size_t> &Pending,
+std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<size_t> &Pending,
                          llvm::function_ref<TUResult(size_t)> Work,
                          llvm::function_ref<void(size_t, TUResult)> Done) {
   if (Pending.empty())
@@ -51,6 +53,8 @@ std::string runInWorkers(unsigned Jobs, const std::vector<size_t> &Pending,
           dup2(Log, 2);
           close(Log);
         }
+        if (TimeoutSec)
+          alarm(TimeoutSec); // SIGALRM's default action ends the worker
         TUResult R = Work(Job);
         std::error_code EC;
         llvm::raw_fd_ostream OS(PathFor(Job, ".json"), EC);
@@ -95,7 +99,7 @@ std::string runInWorkers(unsigned Jobs, const std::vector<size_t> &Pending,
       }
     if (!Parsed) {
       R = TUResult();
-      R.Crash = describeExit(Status);
+      R.Crash = describeExit(Status, TimeoutSec);
     }
     llvm::sys::fs::remove(PathFor(Job, ".json"));
     llvm::sys::fs::remove(PathFor(Job, ".log"));

@@ -16,7 +16,9 @@ namespace tensor_tidy {
 /// processes, calling \p Done in the parent as each one finishes (in
 /// completion order; the caller orders the output). Returns an error message
 /// when no worker could be started at all.
-std::string runInWorkers(unsigned Jobs, const std::vector<size_t> &Pending,
+/// A worker still running after \p TimeoutSec seconds (0: no limit) is
+/// killed and its TU reported as timed out.
+std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<size_t> &Pending,
                          llvm::function_ref<TUResult(size_t)> Work,
                          llvm::function_ref<void(size_t, TUResult)> Done);
 

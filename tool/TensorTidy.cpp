@@ -69,6 +69,9 @@ static cl::alias OutputShort("o", cl::desc("Alias for --output"), cl::aliasopt(O
                              cl::cat(Category));
 static cl::opt<unsigned> Jobs("j", cl::Prefix, cl::desc("Parallel workers (default: one per core)"),
                               cl::init(0), cl::cat(Category));
+static cl::opt<unsigned> Timeout("timeout",
+                                 cl::desc("Give up on a TU after this many seconds (default: never)"),
+                                 cl::value_desc("seconds"), cl::init(0), cl::cat(Category));
 static cl::opt<bool> Quiet("quiet", cl::desc("No progress or summary lines"), cl::cat(Category));
 static cl::opt<std::string> CacheDir("cache-dir",
                                      cl::desc("Result cache (default: <build-dir>/.tensor-tidy-cache)"),
@@ -103,7 +106,9 @@ int main(int argc, const char **argv) {
     return ExitUsage;
   }
   if (!DbError.empty()) {
-    llvm::errs() << "tensor-tidy: error: " << DbError << "\n";
+    llvm::StringRef Line = llvm::StringRef(DbError).trim().split('\n').first;
+    Line.consume_front("error: ");
+    llvm::errs() << "tensor-tidy: error: " << Line << "\n";
     return ExitUsage;
   }
 
@@ -129,6 +134,7 @@ int main(int argc, const char **argv) {
   Opts.Format = Format;
   Opts.Output = Output;
   Opts.Jobs = Jobs;
+  Opts.TimeoutSec = Timeout;
   Opts.Quiet = Quiet;
   Opts.CacheDir = CacheDir;
   Opts.NoCache = NoCache;
