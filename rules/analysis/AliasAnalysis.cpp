@@ -435,6 +435,8 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
       if (OC->getOperator() == OO_Subscript && OC->getNumArgs() == 2 &&
           !M.isTensorExpr(OC->getArg(1)))
         Self = OC->getArg(0);
+    } else if (const Expr *T = M.inPlaceTarget(Call)) {
+      Self = T; // in-place ops return self: `y.mul_(2).add_(1)` writes y twice
     } else if (const sem::OpInfo *Op = M.opOf(Call); Op && Op->storage == sem::Storage::View) {
       Self = TensorModel::selfOf(Call);
       if (!Self)
@@ -653,10 +655,11 @@ bool FunctionAnalyzer::run(FunctionAliasResult &Result, FunctionSummary &Summary
       if (!CS)
         continue;
       const Stmt *St = CS->getStmt();
-      if (const auto *E = dyn_cast<Expr>(St)) {
+      // Calls only: the casts around a call are elements of their own.
+      if (const auto *E = dyn_cast<CallExpr>(St)) {
         if (const Expr *T = M.inPlaceTarget(E)) {
           recordWrite(E, T, nullptr, S, B->getBlockID(), I, Result, Summary);
-        } else if (const auto *Call = dyn_cast<CallExpr>(E)) {
+        } else if (const auto *Call = E) {
           if (const FunctionSummary *Sum = calleeSummary(Call)) {
             llvm::ArrayRef<const Expr *> Args = callArgs(Call);
             for (unsigned A = 0; A < Args.size() && A < Sum->MutatesParam.size(); ++A)

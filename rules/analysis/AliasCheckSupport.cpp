@@ -100,6 +100,12 @@ bool findStatement(const Stmt *Cur, const Expr *E) {
   } else if (const auto *D = dyn_cast<DoStmt>(Cur)) {
     if (Is(D->getBody()))
       return true;
+  } else if (const auto *SC = dyn_cast<SwitchCase>(Cur)) {
+    if (Is(SC->getSubStmt()))
+      return true;
+  } else if (const auto *L = dyn_cast<LabelStmt>(Cur)) {
+    if (Is(L->getSubStmt()))
+      return true;
   }
   for (const Stmt *C : Cur->children())
     if (C && !isa<LambdaExpr>(C) && findStatement(C, E))

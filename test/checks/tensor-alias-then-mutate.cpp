@@ -238,6 +238,66 @@ void throughMacro() {
   use(a);
 }
 
+struct Batch {
+  Tensor data, target;
+};
+void memberOfLocal(Batch b) {
+  auto x = b.data;
+  x.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'x' also changes 'data'
+  // CHECK-FIXES: {{^}}  x = x.mul(2);{{$}}
+  use(x);
+}
+
+void outParameter(const Tensor &in, Tensor &out) {
+  out = in;
+  out.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'mul_' on 'out' also changes 'in'
+  // CHECK-FIXES: {{^}}  out = out.mul(2);{{$}}
+}
+
+// A chain is two writes: one clone() at the copy.
+void chained(const Tensor &x) {
+  auto y = x;
+  // CHECK-FIXES: {{^}}  auto y = x.clone();{{$}}
+  y.mul_(2).add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'y' also changes 'x'
+  // CHECK-MESSAGES: :[[@LINE-2]]:13: warning: in-place 'add_' on 'y' also changes 'x'
+  use(y);
+}
+
+void inSwitch(int k, const Tensor &x) {
+  Tensor y = x;
+  switch (k) {
+  case 0:
+    y.add_(1);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'add_' on 'y' also changes 'x'
+    // CHECK-FIXES: {{^}}    y = y.add(1);{{$}}
+    break;
+  default:
+    break;
+  }
+  use(y);
+}
+
+Tensor afterEarlyReturn(const Tensor &x, bool c) {
+  Tensor y = x;
+  if (c)
+    return y;
+  y.div_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'div_' on 'y' also changes 'x'
+  // CHECK-FIXES: {{^}}  y = y.div(2);{{$}}
+  return y;
+}
+
+void staticLocal() {
+  static Tensor cache = tt::zeros({2});
+  Tensor c = cache;
+  c.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'add_' on 'c' also changes 'cache'
+  // CHECK-FIXES: {{^}}  c = c.add(1);{{$}}
+}
+
 // ===== negatives ============================================================
 
 void cloned() {
