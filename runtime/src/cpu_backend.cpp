@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <new>
 #include <type_traits>
 #include <vector>
@@ -250,15 +252,93 @@ template <typename D, typename S> D convert(S v) {
 }
 
 // --- memory -----------------------------------------------------------------------------
+// Blocks of 1 MiB and more are kept after free (rounded to 64 KiB, up to
+// TT_CPU_CACHE_MB, default 1024) and handed out again for the same rounded
+// size: a clone or temporary in a loop then reuses pages that are already
+// mapped instead of faulting fresh ones in every time (the cost that makes a
+// fresh 64 MiB clone several times slower than memcpy). Small blocks go
+// straight to malloc, which caches them itself.
+class BlockCache {
+public:
+  static constexpr std::size_t kMin = std::size_t(1) << 20;
+  static std::size_t roundUp(std::size_t n) {
+    return n < kMin ? (n + 63) / 64 * 64 : (n + 65535) / 65536 * 65536;
+  }
+  void *take(std::size_t rounded) {
+    if (rounded < kMin)
+      return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(rounded);
+    if (it == free_.end() || it->second.empty())
+      return nullptr;
+    void *p = it->second.back();
+    it->second.pop_back();
+    cached_ -= rounded;
+    return p;
+  }
+  bool give(void *p, std::size_t rounded) {
+    if (rounded < kMin)
+      return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_ + rounded > limit()) {
+      // Make room: drop other sizes first (oldest sizes are not tracked).
+      for (auto it = free_.begin(); it != free_.end() && cached_ + rounded > limit(); ++it)
+        while (!it->second.empty() && cached_ + rounded > limit()) {
+          std::free(it->second.back());
+          it->second.pop_back();
+          cached_ -= it->first;
+        }
+      if (cached_ + rounded > limit())
+        return false;
+    }
+    free_[rounded].push_back(p);
+    cached_ += rounded;
+    return true;
+  }
+  ~BlockCache() {
+    for (auto &kv : free_)
+      for (void *p : kv.second)
+        std::free(p);
+  }
+
+private:
+  static std::size_t limit() {
+    static const std::size_t l = [] {
+#if defined(__SANITIZE_ADDRESS__)
+      return std::size_t(0); // let ASan see every use after free
+#endif
+      const char *e = std::getenv("TT_CPU_CACHE_MB");
+      return (e ? static_cast<std::size_t>(std::strtoull(e, nullptr, 10)) : std::size_t(1024)) << 20;
+    }();
+    return l;
+  }
+  std::mutex mu_;
+  std::map<std::size_t, std::vector<void *>> free_;
+  std::size_t cached_ = 0;
+};
+
+BlockCache &blockCache() {
+  static BlockCache *c = new BlockCache(); // never destroyed: frees may run at exit
+  return *c;
+}
+
 void *cpuAlloc(std::size_t nbytes) {
   if (nbytes == 0)
     return nullptr;
-  void *p = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+  std::size_t rounded = BlockCache::roundUp(nbytes);
+  if (void *p = blockCache().take(rounded))
+    return p;
+  void *p = std::aligned_alloc(64, rounded);
   if (!p)
     throw std::bad_alloc();
   return p;
 }
-void cpuFree(void *p, std::size_t) { std::free(p); }
+void cpuFree(void *p, std::size_t nbytes) {
+  if (!p)
+    return;
+  if (!blockCache().give(p, BlockCache::roundUp(nbytes)))
+    std::free(p);
+}
 void cpuMemcpy(void *dst, const void *src, std::size_t n) {
   if (n)
     std::memcpy(dst, src, n);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -371,4 +372,21 @@ TEST(Reductions, OuterDimsMatchInnerPath) {
     tt::Tensor i = tt::arange(24, tt::kInt).view({4, 6});
     EXPECT_TRUE(i.sum({0}).equal(tt::tensor({36, 40, 44, 48, 52, 56})));
   }
+}
+
+TEST(MemoryStats, LargeBlocksAreReusedNotCounted) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the block cache is off under ASan";
+#endif
+  if (std::getenv("TT_CPU_CACHE_MB"))
+    GTEST_SKIP() << "TT_CPU_CACHE_MB is set";
+  tt::Tensor a = tt::ones({1 << 20}); // 4 MiB
+  void *first = a.clone().data_ptr();
+  auto before = tt::memory_stats();
+  tt::Tensor b = a.clone(); // the block the last clone freed
+  auto after = tt::memory_stats();
+  EXPECT_EQ(b.data_ptr(), first);
+  EXPECT_EQ(after.current_bytes - before.current_bytes, 4 << 20); // live tensors only
+  EXPECT_EQ(after.allocations - before.allocations, 1);
+  EXPECT_FLOAT_EQ(b.sum().item<float>(), float(1 << 20));
 }
