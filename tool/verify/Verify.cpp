@@ -759,11 +759,24 @@ int runVerify(DriverOptions &Opts, const char *Argv0) {
     Opts.Output = V.Scratch + "/report.json";
   V.Format = Opts.Format;
   V.Jobs = Opts.Jobs;
-  Opts.AfterAnalysis = [&V](ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB,
-                            ArrayRef<std::string> Files, std::string &Report) {
-    return V.verifyAll(Errors, DB, Files, Report);
+  // Text goes after the diagnostics: on stdout through the driver, or
+  // appended to --output once the driver has written it.
+  std::string TextToFile;
+  Opts.AfterAnalysis = [&](ArrayRef<ClangTidyError> Errors, const clang::tooling::CompilationDatabase &DB,
+                           ArrayRef<std::string> Files, std::string &Report) {
+    int RC = V.verifyAll(Errors, DB, Files, Report);
+    if (Opts.Format == OutputFormat::Text && !UserOutput.empty())
+      std::swap(Report, TextToFile);
+    return RC;
   };
   int RC = runDriver(Opts);
+  if (!TextToFile.empty()) {
+    std::error_code EC;
+    raw_fd_ostream Out(UserOutput, EC, sys::fs::OF_Append);
+    if (EC)
+      return fail("cannot write '" + UserOutput + "': " + EC.message());
+    Out << TextToFile;
+  }
   if (Opts.Format == OutputFormat::Text || !sys::fs::exists(Opts.Output))
     return RC;
   std::string Report;
