@@ -16,11 +16,13 @@ test/unit/conformance/ConformanceTest.cpp replays the same cases with tt.
 A case is a tiny program over named tensors, interpreted the same way here and
 in the C++ test:
   tensors  name -> {sizes, dtype, values (row-major), requires_grad}
-  steps    [{out, op, self, args, kwargs}], self/out are tensor names or null;
+  steps    [{out, op, self, args, kwargs}], self/out are tensor names or null
+           (an op returning several tensors names them out[0], out[1], ...);
            args: numbers, int lists, {"tensor": name}, {"dtype": name},
            {"device": name}, {"slice": [start, stop, step]} (nulls allowed)
   measure  index of the step whose op is the row under test
-  expect   what PyTorch did (see observe())
+  expect   what PyTorch did (see run_case()), including the outputs of the
+           steps after the op ("post": losses, gradients)
 Errors are matched by a key phrase, chosen below and checked to be part of
 PyTorch's message: the runtime must throw in PyTorch's words.
 
@@ -546,8 +548,39 @@ def factories():
     return c
 
 
+def backward_post(leaf):
+    """sum the result, backward, read the leaf's gradient (compared as "post")."""
+    return [step("sum", "r", out="l"), step("backward", "l"), step("grad", leaf, out="g")]
+
+
+def gradients():
+    """Values of backward through one op, on a leaf that requires grad."""
+    c = []
+
+    def g(row, layout="contiguous", signed=False, **kw):
+        leaf_name = "x0" if LAYOUTS[layout][1] else "x"
+        return Case(row, "backward-" + layout, layout, signed=signed, requires_grad=True,
+                    post=backward_post(leaf_name), **kw)
+
+    for row in ("abs", "exp", "log", "neg", "sigmoid", "sqrt", "tanh", "clone"):
+        c.append(g(row, "transposed", signed=row in ("abs", "neg", "sigmoid", "tanh")))
+    c += [g("relu", signed=True), g("clamp", signed=True, op_args=(-0.25, 0.5)),
+          g("pow", op_args=(3,)), g("contiguous", "transposed"), g("reshape", "transposed", op_args=([12],)),
+          g("view", op_args=([2, 6],)), g("permute", "contiguous4d", op_args=([0, 2, 3, 1],)),
+          g("expand", "size1", op_args=([3, 5, 4],)), g("select", "transposed", op_args=(1, 2)),
+          g("unsqueeze", op_args=(1,)), g("diagonal"), g("t", "sliced"),
+          g("mean", op_args=([1],)), g("max"), g("sum", "permuted4d", op_args=([1, 3],))]
+    for row in ("add", "sub", "mul", "div"):
+        c.append(g(row, "transposed", others={"o": leaf([4], signed=row != "div")}, op_args=(T("o"),)))
+    c += [g("mm", others={"o": leaf([4, 2])}, op_args=(T("o"),)),
+          g("matmul", "contiguous4d", others={"o": leaf([5, 2])}, op_args=(T("o"),)),
+          g("bmm", "size1", others={"o": leaf([3, 4, 2])}, op_args=(T("o"),))]
+    return c
+
+
 def all_cases():
-    return views() + detaches() + may_alias() + copies() + in_place() + fresh() + factories()
+    return (views() + detaches() + may_alias() + copies() + in_place() + fresh() + factories()
+            + gradients())
 
 
 # --- the PyTorch side of the interpreter -----------------------------------------
@@ -672,10 +705,10 @@ def run_case(case, rows):
             expect["error"] = {"step": i, "key": case.error, "message": msg.split("\n")[0]}
             break
         if s["out"] is not None:
-            rs = as_list(r)
             env[s["out"]] = r if isinstance(r, torch.Tensor) else None
-            for j, t in enumerate(rs):
-                env[f"{s['out']}{j}"] = t
+            if not isinstance(r, torch.Tensor):  # tuples: out[0], out[1], ...
+                for j, t in enumerate(as_list(r)):
+                    env[f"{s['out']}[{j}]"] = t
         if i == case.measure:
             results = as_list(r)
             expect["results"] = [describe(case, t, x, case.values) for t in results]
@@ -683,6 +716,11 @@ def run_case(case, rows):
                 expect["version_bumped"] = x._version != version_before
     while grad_mode:
         grad_mode.pop().__exit__(None, None, None)
+    if expect["error"] is None:  # what the steps after the op computed (losses, gradients)
+        post = {s["out"]: env[s["out"]] for s in case.steps[case.measure + 1:]
+                if s["out"] is not None and isinstance(env.get(s["out"]), torch.Tensor)}
+        if post:
+            expect["post"] = {k: describe(case, t, None, True) for k, t in post.items()}
     if case.error is not None and expect["error"] is None:
         sys.exit(f"{case.id}: expected an error with '{case.error}', PyTorch raised none")
     if expect["error"] is None and x is not None and rows[case.row][0] in ("View", "MayAlias", "Detach"):

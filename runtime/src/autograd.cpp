@@ -227,7 +227,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grads) {
   if (!g.sizes().equals(var.sizes()))
     g = detail_views::sumToShape(g, var.sizes());
   if (!m.grad.defined()) {
-    Tensor fresh = makeTensor(g.sizes(), preservedStrides(*g.unsafeGetTensorImpl()), var.dtype(), var.device());
+    // PyTorch's layout contract: a dense leaf's grad has the leaf's strides.
+    Tensor fresh = makeTensor(g.sizes(), preservedStrides(*var.unsafeGetTensorImpl()), var.dtype(), var.device());
     copyData(fresh, g, CopyKind::Other);
     m.grad = fresh;
   } else {

@@ -558,8 +558,8 @@ TEST_P(RuntimeVsPyTorch, Case) {
       const std::string outName = step["out"].asString();
       if (out.single && !out.results.empty())
         env[outName] = out.results[0];
-      for (std::size_t j = 0; j < out.results.size(); ++j)
-        env[outName + std::to_string(j)] = out.results[j];
+      for (std::size_t j = 0; !out.single && j < out.results.size(); ++j)
+        env[outName + "[" + std::to_string(j) + "]"] = out.results[j];
     }
     if (i == measure)
       measured = out;
@@ -578,6 +578,15 @@ TEST_P(RuntimeVsPyTorch, Case) {
     EXPECT_EQ(input._version() != versionBefore, expect["version_bumped"].asBool())
         << "runtime vs PyTorch: was the input's version counter bumped? (" << tableSays(*row) << ")";
   }
+  if (expect.has("post")) // losses and gradients computed after the op
+    for (const auto &[name, want] : expect["post"].members()) {
+      auto it = env.find(name);
+      if (it == env.end() || !it->second.defined()) {
+        ADD_FAILURE() << "runtime vs PyTorch: '" << name << "' (after the op) is undefined in tt";
+        continue;
+      }
+      compareTensor("'" + name + "' after the op", it->second, nullptr, want, *row);
+    }
   if (in && expect.has("shares_version_counter")) {
     tt::NoGradGuard guard;
     const auto &shares = expect["shares_version_counter"].items();
