@@ -452,8 +452,8 @@ template <typename T> T *Tensor::data_ptr() const {
   return reinterpret_cast<T *>(impl().data());
 }
 
-Scalar Tensor::item() const {
-  trace::Scope scope("item", SourceLocation{});
+Scalar Tensor::item(SourceLocation loc) const {
+  trace::Scope scope("item", loc);
   if (numel() != 1) {
     std::ostringstream os;
     os << "a Tensor with " << numel() << " elements cannot be converted to Scalar";
@@ -472,11 +472,11 @@ Scalar Tensor::item() const {
   return Scalar();
 }
 
-template <typename T> T Tensor::item() const { return item().to<T>(); }
+template <typename T> T Tensor::item(SourceLocation loc) const { return item(loc).to<T>(); }
 
 #define TT_INSTANTIATE(T)                                                                                    \
   template T *Tensor::data_ptr<T>() const;                                                                   \
-  template T Tensor::item<T>() const;
+  template T Tensor::item<T>(SourceLocation) const;
 TT_INSTANTIATE(float)
 TT_INSTANTIATE(double)
 TT_INSTANTIATE(Half)

@@ -189,8 +189,9 @@ public:
 
   template <typename T> T *data_ptr() const;
   void *data_ptr() const;
-  template <typename T> T item() const;
-  Scalar item() const;
+  // item() of a CUDA tensor copies to the host (a synchronising transfer).
+  template <typename T> T item(TT_LOC) const;
+  Scalar item(TT_LOC) const;
   std::string toString() const;
   void print() const;
 
