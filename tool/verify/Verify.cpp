@@ -586,6 +586,11 @@ void Verifier::compare(Program &P, Finding &F) {
     F.Fix = "not exercised";
     return;
   }
+  if (!P.FixedTrace.Loaded) { // no events would look like no hazard
+    F.Fix = "not verified";
+    F.FixEv.push_back("the fixed program wrote no trace");
+    return;
+  }
   const Trace &TF = P.FixedTrace;
   std::string FWhere = baseName(F.File) + ":" + std::to_string(F.FixedLine);
   std::set<unsigned> Lines = By->FixedLines;
