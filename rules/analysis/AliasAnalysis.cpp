@@ -32,6 +32,7 @@ struct Node {
   int ParamIndex = -1;
   const ValueDecl *EscapedDecl = nullptr; // set once stored / captured
   const Stmt *EscapeSite = nullptr;
+  bool Permuted = false; // made by t/transpose/permute (or a handle copy of one)
 };
 
 bool addToSet(NodeSet &S, unsigned N) {
@@ -256,12 +257,22 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
     if (!Self)
       Self = Call->getArg(0);
     switch (Op->storage) {
-    case sem::Storage::View:
-      return derived(E, EdgeKind::View, valueNodes(Self, S), E);
-    case sem::Storage::MayAlias:
-      if (forcesCopy(Call))
+    case sem::Storage::View: {
+      NodeSet NS = derived(E, EdgeKind::View, valueNodes(Self, S), E);
+      Nodes[NS[0]].Permuted = Op->layout == sem::Layout::Permuted;
+      return NS;
+    }
+    case sem::Storage::MayAlias: {
+      NodeSet From = valueNodes(Self, S);
+      // contiguous() of a transposed/permuted tensor copies (barring size-1
+      // dims): not an alias.
+      bool AllPermuted = !From.empty() && llvm::all_of(From, [&](unsigned N) {
+        return Nodes[N].Permuted;
+      });
+      if (forcesCopy(Call) || (AllPermuted && Op->name == "contiguous"))
         return fresh(E);
-      return derived(E, EdgeKind::MayAlias, valueNodes(Self, S), E);
+      return derived(E, EdgeKind::MayAlias, From, E);
+    }
     case sem::Storage::Detach:
       return derived(E, Op->name == "detach" ? EdgeKind::Detach : EdgeKind::Data,
                      valueNodes(Self, S), E);
@@ -281,9 +292,13 @@ NodeSet FunctionAnalyzer::copyOf(const Expr *E, const void *Key, const State &S)
   const Expr *Src = strip(E);
   if (isa<DeclRefExpr, MemberExpr>(Src)) {
     unsigned N = nodeFor(Key);
-    for (unsigned P : valueNodes(Src, S))
+    NodeSet From = valueNodes(Src, S);
+    for (unsigned P : From)
       if (P != N)
         addParent(N, P, EdgeKind::Copy, Src);
+    Nodes[N].Permuted = !From.empty() && llvm::all_of(From, [&](unsigned P) {
+      return Nodes[P].Permuted;
+    });
     return {N};
   }
   return valueNodes(E, S);

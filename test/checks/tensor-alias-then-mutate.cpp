@@ -501,3 +501,24 @@ void viewOfReshapedInLoop(int n) {
   v.mul_(0.5);
   use(acc);
 }
+
+// contiguous() of a transposed tensor copies.
+void contiguousOfTransposed(const Tensor &x) {
+  Tensor y = x.t().contiguous();
+  y.add_(1);
+  auto p = x.permute({1, 0});
+  auto q = p;
+  auto c = q.contiguous();
+  c.mul_(2);
+  use(y);
+  use(c);
+}
+
+// A ResNet-style block: relu_ on the input while the identity is still needed.
+Tensor residual(Tensor x) {
+  Tensor identity = x;
+  x.relu_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'relu_' on 'x' also changes 'identity'
+  // CHECK-FIXES: {{^}}  x = x.relu();{{$}}
+  return x + identity;
+}
