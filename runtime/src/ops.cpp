@@ -1070,26 +1070,24 @@ Tensor Tensor::argmin(std::optional<std::int64_t> d, bool keepdim, SourceLocatio
   return argImpl(*this, d, keepdim, false);
 }
 
+namespace {
+// A two-tensor op run under a trace scope, with its op event.
+template <typename F>
+Tensor tracedPair(const char *name, const Tensor &a, const Tensor &b, SourceLocation loc, F impl) {
+  trace::Scope scope(name, loc);
+  Tensor out = impl(a, b);
+  if (trace::on())
+    trace::op(name, {&a, &b}, out);
+  return out;
+}
+} // namespace
+
 Tensor Tensor::matmul(const Tensor &other, SourceLocation loc) const {
-  trace::Scope scope("matmul", loc);
-  Tensor out = matmulImpl(*this, other);
-  if (trace::on())
-    trace::op("matmul", {this, &other}, out);
-  return out;
+  return tracedPair("matmul", *this, other, loc, matmulImpl);
 }
-Tensor Tensor::mm(const Tensor &other, SourceLocation loc) const {
-  trace::Scope scope("mm", loc);
-  Tensor out = mmImpl(*this, other);
-  if (trace::on())
-    trace::op("mm", {this, &other}, out);
-  return out;
-}
+Tensor Tensor::mm(const Tensor &other, SourceLocation loc) const { return tracedPair("mm", *this, other, loc, mmImpl); }
 Tensor Tensor::bmm(const Tensor &other, SourceLocation loc) const {
-  trace::Scope scope("bmm", loc);
-  Tensor out = bmmImpl(*this, other);
-  if (trace::on())
-    trace::op("bmm", {this, &other}, out);
-  return out;
+  return tracedPair("bmm", *this, other, loc, bmmImpl);
 }
 
 bool Tensor::allclose(const Tensor &other, double rtol, double atol, bool equal_nan) const {

@@ -679,57 +679,43 @@ Tensor &Tensor::copy_(const Tensor &src, bool non_blocking, SourceLocation loc) 
   return const_cast<Tensor &>(*this);
 }
 
-Tensor Tensor::to(TensorOptions o, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
-  trace::Scope scope("to", loc);
-  Tensor out = toImpl(*this, o.has_dtype() ? o.dtype() : dtype(), o.has_device() ? o.device() : device(), copy, fmt,
-                      non_blocking);
-  if (o.requires_grad() && !out.requires_grad())
+namespace {
+// to()/cpu()/cuda(): a conversion under a trace scope, with its op event.
+Tensor tracedTo(const char *name, const Tensor &self, ScalarType dt, Device dev, bool copy,
+                std::optional<MemoryFormat> fmt, bool non_blocking, SourceLocation loc, bool requires_grad = false) {
+  trace::Scope scope(name, loc);
+  Tensor out = toImpl(self, dt, dev, copy, fmt, non_blocking);
+  if (requires_grad && !out.requires_grad())
     out.requires_grad_();
   if (trace::on())
-    trace::op("to", {this}, out);
+    trace::op(name, {&self}, out);
   return out;
 }
+} // namespace
 
-Tensor Tensor::to(Device d, ScalarType dt, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
-  trace::Scope scope("to", loc);
-  Tensor out = toImpl(*this, dt, d, copy, fmt, non_blocking);
-  if (trace::on())
-    trace::op("to", {this}, out);
-  return out;
+Tensor Tensor::to(TensorOptions o, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt,
+                  SourceLocation loc) const {
+  return tracedTo("to", *this, o.has_dtype() ? o.dtype() : dtype(), o.has_device() ? o.device() : device(), copy, fmt,
+                  non_blocking, loc, o.requires_grad());
 }
-
-Tensor Tensor::to(ScalarType dt, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
-  trace::Scope scope("to", loc);
-  Tensor out = toImpl(*this, dt, device(), copy, fmt, non_blocking);
-  if (trace::on())
-    trace::op("to", {this}, out);
-  return out;
+Tensor Tensor::to(Device d, ScalarType dt, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt,
+                  SourceLocation loc) const {
+  return tracedTo("to", *this, dt, d, copy, fmt, non_blocking, loc);
 }
-
-Tensor Tensor::to(const Tensor &other, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt, SourceLocation loc) const {
-  trace::Scope scope("to", loc);
-  Tensor out = toImpl(*this, other.dtype(), other.device(), copy, fmt, non_blocking);
-  if (trace::on())
-    trace::op("to", {this}, out);
-  return out;
+Tensor Tensor::to(ScalarType dt, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt,
+                  SourceLocation loc) const {
+  return tracedTo("to", *this, dt, device(), copy, fmt, non_blocking, loc);
 }
-
+Tensor Tensor::to(const Tensor &other, bool non_blocking, bool copy, std::optional<MemoryFormat> fmt,
+                  SourceLocation loc) const {
+  return tracedTo("to", *this, other.dtype(), other.device(), copy, fmt, non_blocking, loc);
+}
 Tensor Tensor::toType(ScalarType t, SourceLocation loc) const { return to(t, false, false, std::nullopt, loc); }
-
 Tensor Tensor::cpu(SourceLocation loc) const {
-  trace::Scope scope("cpu", loc);
-  Tensor out = toImpl(*this, dtype(), Device(kCPU), false, std::nullopt);
-  if (trace::on())
-    trace::op("cpu", {this}, out);
-  return out;
+  return tracedTo("cpu", *this, dtype(), Device(kCPU), false, std::nullopt, false, loc);
 }
-
 Tensor Tensor::cuda(SourceLocation loc) const {
-  trace::Scope scope("cuda", loc);
-  Tensor out = toImpl(*this, dtype(), Device(kCUDA), false, std::nullopt);
-  if (trace::on())
-    trace::op("cuda", {this}, out);
-  return out;
+  return tracedTo("cuda", *this, dtype(), Device(kCUDA), false, std::nullopt, false, loc);
 }
 
 Tensor Tensor::pin_memory(SourceLocation loc) const {
