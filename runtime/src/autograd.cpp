@@ -42,10 +42,42 @@ bool requiresGrad(const Tensor &t) {
   return m && (m->requires_grad || m->grad_fn);
 }
 
+namespace {
+// The grad_fn of view `self` as a strided view of its base's current history.
+std::shared_ptr<FunctionNode> viewOfBaseNode(const Tensor &self, const Edge &baseEdge) {
+  const TensorImpl *impl = self.unsafeGetTensorImpl();
+  Tensor base(impl->base);
+  std::vector<std::int64_t> bsz = base.sizes().vec(), bst = base.strides().vec();
+  std::vector<std::int64_t> vsz = self.sizes().vec(), vst = self.strides().vec();
+  std::int64_t voff = self.storage_offset() - base.storage_offset();
+  auto viewFn = std::make_shared<LambdaNode>(
+      "AsStridedBackward0", [bsz, bst, vsz, vst, voff](const std::vector<Tensor> &g, LambdaNode &) {
+        Tensor z = makeTensor(bsz, bst, g[0].dtype(), g[0].device());
+        backendOf(*z.unsafeGetTensorImpl()).fill(makeDesc(*z.unsafeGetTensorImpl()), {});
+        copyData(makeView(z, vsz, vst, voff), g[0], CopyKind::Other);
+        return std::vector<Tensor>{z};
+      });
+  viewFn->next.push_back(baseEdge);
+  return viewFn;
+}
+} // namespace
+
 Edge gradientEdge(const Tensor &t) {
   AutogradMeta *m = metaOrNull(t);
   if (!m)
     return {};
+  if (m->grad_fn && m->attr_version != AutogradMeta::kNotAView) {
+    const TensorImpl *impl = t.unsafeGetTensorImpl();
+    std::uint32_t now = impl->version->version.load(std::memory_order_relaxed);
+    if (now != m->attr_version && impl->base) {
+      Edge be = gradientEdge(Tensor(impl->base));
+      if (be.valid()) {
+        m->grad_fn = viewOfBaseNode(t, be);
+        m->output_nr = 0;
+      }
+      m->attr_version = now;
+    }
+  }
   if (m->grad_fn)
     return {m->grad_fn, m->output_nr};
   if (!m->requires_grad)
@@ -77,6 +109,8 @@ void setHistory(const std::vector<Tensor> &outs, const std::shared_ptr<FunctionN
     AutogradMeta &m = meta(o);
     m.grad_fn = node;
     m.output_nr = nr++;
+    if (o.unsafeGetTensorImpl()->base)
+      m.attr_version = o._version();
   }
 }
 
@@ -146,17 +180,10 @@ void rebaseHistory(const Tensor &self, const std::shared_ptr<FunctionNode> &fn) 
   AutogradMeta &bm = meta(base);
   bm.grad_fn = cs;
   bm.output_nr = 0;
-  auto viewFn = std::make_shared<LambdaNode>(
-      "AsStridedBackward0", [bsz, bst, vsz, vst, voff](const std::vector<Tensor> &g, LambdaNode &) {
-        Tensor z = makeTensor(bsz, bst, g[0].dtype(), g[0].device());
-        backendOf(*z.unsafeGetTensorImpl()).fill(makeDesc(*z.unsafeGetTensorImpl()), {});
-        copyData(makeView(z, vsz, vst, voff), g[0], CopyKind::Other);
-        return std::vector<Tensor>{z};
-      });
-  viewFn->next.push_back(Edge{cs, 0});
   AutogradMeta &m = meta(self);
-  m.grad_fn = viewFn;
+  m.grad_fn = viewOfBaseNode(self, Edge{cs, 0});
   m.output_nr = 0;
+  m.attr_version = self._version();
 }
 
 // --- saved variables ---------------------------------------------------------------------------
@@ -374,6 +401,8 @@ bool Tensor::retains_grad() const {
 
 std::shared_ptr<autograd::Node> Tensor::grad_fn() const {
   autograd::AutogradMeta *m = autograd::metaOrNull(*this);
+  if (m && m->grad_fn)
+    autograd::gradientEdge(*this); // a view written through its base regenerates its grad_fn
   return m ? m->grad_fn : nullptr;
 }
 

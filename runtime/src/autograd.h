@@ -25,6 +25,11 @@ struct AutogradMeta {
   std::weak_ptr<FunctionNode> grad_accumulator;
   Tensor grad;
   bool retains_grad = false;
+  // Views: the version counter's value when grad_fn was set. When the base
+  // has been written since (through it or another view), the view's grad_fn
+  // is regenerated from the base's history, as PyTorch does.
+  static constexpr std::uint32_t kNotAView = 0xffffffffu;
+  std::uint32_t attr_version = kNotAView;
 };
 
 // A tensor saved for backward: its data (no autograd link, so no cycle) and

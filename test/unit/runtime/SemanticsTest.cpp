@@ -249,6 +249,18 @@ TEST(Autograd, InPlaceThroughViewOfNonLeaf) {
   EXPECT_TRUE(tt::allclose(a.grad(), tt::tensor({6.0, 6.0, 2.0, 2.0})));
 }
 
+TEST(Autograd, OtherViewsSeeAWriteThroughOneView) {
+  // PyTorch regenerates v2's grad_fn from the base's new history.
+  tt::Tensor a = tt::ones({3}, tt::requires_grad());
+  tt::Tensor b = a * 2;
+  tt::Tensor v1 = b.slice(0, 0, 2), v2 = b.slice(0, 1, 3);
+  v1.mul_(3);
+  EXPECT_EQ(v2.grad_fn()->name(), "AsStridedBackward0");
+  EXPECT_EQ(b.grad_fn()->name(), "CopySlices");
+  v2.sum().backward();
+  EXPECT_TRUE(a.grad().equal(tt::tensor({0.0, 6.0, 2.0})));
+}
+
 TEST(MemoryStats, CountsBytesAndCopies) {
   tt::reset_memory_stats();
   auto before = tt::memory_stats();
