@@ -234,6 +234,13 @@ int runDriver(DriverOptions &Opts) {
     return ExitClean;
   }
 
+  for (const std::string &F : Opts.Files) {
+    if (!llvm::sys::fs::exists(F))
+      return fail("no such file: '" + F + "'");
+    if (llvm::sys::fs::is_directory(F))
+      return fail("'" + F + "' is a directory, not a source file");
+  }
+
   // The compilation database.
   std::unique_ptr<tooling::CompilationDatabase> DB = std::move(Opts.FixedDatabase);
   bool FromFlags = DB != nullptr;
@@ -280,12 +287,6 @@ int runDriver(DriverOptions &Opts) {
   for (const std::string &F : Files) {
     Job J;
     J.File = F;
-    if (!Opts.Files.empty()) {
-      if (!llvm::sys::fs::exists(F))
-        return fail("no such file: '" + F + "'");
-      if (llvm::sys::fs::is_directory(F))
-        return fail("'" + F + "' is a directory, not a source file");
-    }
     J.Commands = DB->getCompileCommands(F);
     if (J.Commands.empty() || (!Listed.empty() && !Listed.contains(F)))
       return fail("'" + F + "' is not in the compilation database" +
