@@ -255,6 +255,7 @@ int main(int argc, char **argv) {
                                      [w = w, t](benchmark::State &s) {
                                        setThreads(t);
                                        void *state = w.setup();
+                                       w.run(state); // untimed: steady state (pages mapped, caches, pools)
                                        for (auto _ : s)
                                          w.run(state);
                                        w.teardown(state);
