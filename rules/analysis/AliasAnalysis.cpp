@@ -33,6 +33,7 @@ struct Node {
   const ValueDecl *EscapedDecl = nullptr; // set once stored / captured
   const Stmt *EscapeSite = nullptr;
   bool Permuted = false; // made by t/transpose/permute (or a handle copy of one)
+  bool RequiresGrad = false;
 };
 
 bool addToSet(NodeSet &S, unsigned N) {
@@ -116,6 +117,35 @@ bool forcesCopy(const CallExpr *Call) {
       return B->getValue();
     return true; // not a literal: it may copy; treat as a copy (stay silent)
   }
+  return false;
+}
+
+// `requires_grad()`, `requires_grad(true)`, `requires_grad_()`: not `(false)`.
+bool asksForGrad(const CallExpr *Call) {
+  const auto *FD = Call->getDirectCallee();
+  if (!FD || !FD->getIdentifier())
+    return false;
+  llvm::StringRef N = FD->getName();
+  if ((N != "requires_grad" && N != "requires_grad_" && N != "set_requires_grad") ||
+      Call->getType()->isBooleanType()) // the getter
+    return false;
+  llvm::ArrayRef<const Expr *> Args = callArgs(Call);
+  if (Args.empty() || isa<CXXDefaultArgExpr>(Args[0]))
+    return N != "set_requires_grad";
+  if (const auto *B = dyn_cast<CXXBoolLiteralExpr>(Args[0]->IgnoreImplicit()))
+    return B->getValue();
+  return false;
+}
+
+// A factory call with a requires_grad(true) option somewhere in its arguments.
+bool hasGradOption(const Stmt *S) {
+  if (!S)
+    return false;
+  if (const auto *Call = dyn_cast<CallExpr>(S); Call && asksForGrad(Call))
+    return true;
+  for (const Stmt *C : S->children())
+    if (hasGradOption(C))
+      return true;
   return false;
 }
 
@@ -243,6 +273,13 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
     return fresh(E);
   if (isStdMoveLike(Call))
     return valueNodes(Call->getArg(0), S);
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+      MC && asksForGrad(Call) && M.isTensorExpr(MC->getImplicitObjectArgument())) {
+    NodeSet NS = valueNodes(MC->getImplicitObjectArgument(), S); // returns self
+    for (unsigned N : NS)
+      Nodes[N].RequiresGrad = true;
+    return NS;
+  }
   if (const Expr *T = M.inPlaceTarget(Call))
     return valueNodes(T, S); // in-place ops return self
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
@@ -276,9 +313,21 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
     case sem::Storage::Detach:
       return derived(E, Op->name == "detach" ? EdgeKind::Detach : EdgeKind::Data,
                      valueNodes(Self, S), E);
+    case sem::Storage::Factory: {
+      NodeSet NS = fresh(E);
+      Nodes[NS[0]].RequiresGrad = hasGradOption(Call);
+      return NS;
+    }
     default:
       return fresh(E);
     }
+  }
+  if (!M.opOf(Call) && Call->getDirectCallee() && Call->getDirectCallee()->getIdentifier() &&
+      sem::lookup(Call->getDirectCallee()->getName()) &&
+      sem::lookup(Call->getDirectCallee()->getName())->storage == sem::Storage::Factory) {
+    NodeSet NS = fresh(E); // tt::ones({3}, ...): no tensor argument
+    Nodes[NS[0]].RequiresGrad = hasGradOption(Call);
+    return NS;
   }
   if (const FunctionSummary *Sum = calleeSummary(Call)) {
     llvm::ArrayRef<const Expr *> Args = callArgs(Call);
@@ -349,6 +398,13 @@ void FunctionAnalyzer::transfer(const Stmt *St, State &S) {
     }
     if (const auto *DRE = dyn_cast<DeclRefExpr>(L))
       markEscaped(valueNodes(OC->getArg(1), S), DRE->getDecl(), OC);
+    return;
+  }
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(St); MC && asksForGrad(MC)) {
+    if (const VarDecl *V = trackedVarOf(MC->getImplicitObjectArgument()))
+      if (auto It = S.find(V); It != S.end())
+        for (unsigned N : It->second)
+          Nodes[N].RequiresGrad = true;
     return;
   }
   if (const auto *LE = dyn_cast<LambdaExpr>(St)) {
@@ -597,6 +653,12 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
         Add(N.Ext, N.ExtWhy, nullptr, I);
       else if (N.EscapeSite && N.EscapedDecl != W.RootDecl)
         Add(N.EscapedDecl, Exposure::Stored, N.EscapeSite, I);
+      else if (N.RequiresGrad && WantDetach)
+        for (const auto &[V, NS] : S)
+          if (V != W.RootDecl && llvm::is_contained(NS, I.N)) {
+            Add(V, Exposure::RequiresGrad, nullptr, I);
+            break;
+          }
     }
   }
   R.Writes.push_back(std::move(W));

@@ -45,6 +45,7 @@ enum class Exposure : uint8_t {
   Captured,  // a variable of the enclosing function (inside a lambda)
   External,  // a reference to storage this function does not own
   Stored,    // stored into a member, global or reference parameter, or captured by a lambda
+  RequiresGrad, // made with requires_grad(true) or given requires_grad_()
 };
 
 // A handle that sees an in-place write.

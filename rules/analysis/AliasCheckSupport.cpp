@@ -60,6 +60,8 @@ std::string exposureNote(const AffectedHandle &A) {
     return N + " refers to a tensor owned outside this function";
   case Exposure::Stored:
     return N + " is stored here and outlives this statement";
+  case Exposure::RequiresGrad:
+    return N + " requires grad";
   }
   return N;
 }

@@ -162,6 +162,24 @@ void indexAssignDetached(Tensor w) {
   // CHECK-MESSAGES-STRICT: :[[@LINE-2]]:8: warning: in-place '=' on 'd' changes 'w'
 }
 
+// The source requires grad: the write corrupts what autograd will use.
+void requiresGradOption() {
+  Tensor w = tt::ones({3}, tt::requires_grad());
+  auto d = w.detach();
+  d.zero_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'zero_' on 'd' changes 'w'
+  // CHECK-MESSAGES-STRICT: :[[@LINE-2]]:5: warning: in-place 'zero_' on 'd' changes 'w'
+}
+
+void requiresGradLater() {
+  Tensor w = tt::zeros({3});
+  w.requires_grad_();
+  Tensor d = w.detach();
+  d.fill_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'fill_' on 'd' changes 'w'
+  // CHECK-MESSAGES-STRICT: :[[@LINE-2]]:5: warning: in-place 'fill_' on 'd' changes 'w'
+}
+
 // ===== negatives (the idioms) ================================================
 
 void directChains(Tensor p, const Tensor &src) {
@@ -277,4 +295,12 @@ void flagOnly() {
   auto d = a.detach();
   d.requires_grad_();
   use(a);
+}
+
+void noGradRequested() {
+  Tensor w = tt::ones({3}, tt::requires_grad(false));
+  auto d = w.detach();
+  d.zero_();
+  bool g = w.requires_grad();
+  (void)g;
 }
