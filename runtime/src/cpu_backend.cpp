@@ -348,21 +348,28 @@ void cpuSync() {}
 // --- copy -------------------------------------------------------------------------------
 template <typename T> void transpose2d(char *dst, const char *src, std::int64_t rows, std::int64_t cols,
                                        std::int64_t dOuter, std::int64_t sInner) {
-  // dst[r][c] (dst contiguous rows of `cols`, outer stride dOuter bytes)
-  // = src at r*sizeof(T) + c*sInner (src is column-major-like).
-  constexpr std::int64_t B = 32;
-  parallelFor((rows + B - 1) / B * B * cols, [&](std::int64_t b, std::int64_t e) {
-    std::int64_t r0 = b / cols / B * B, r1 = std::min(rows, (e + cols - 1) / cols);
-    for (std::int64_t rb = r0; rb < r1; rb += B) {
-      std::int64_t re = std::min(rb + B, r1);
-      for (std::int64_t cb = 0; cb < cols; cb += B) {
-        std::int64_t ce = std::min(cb + B, cols);
-        for (std::int64_t r = rb; r < re; ++r) {
-          T *d = reinterpret_cast<T *>(dst + r * dOuter);
-          const char *s = src + r * static_cast<std::int64_t>(sizeof(T));
-          for (std::int64_t c = cb; c < ce; ++c)
-            d[c] = *reinterpret_cast<const T *>(s + c * sInner);
-        }
+  // dst[r][c] (rows of `cols`, dOuter bytes apart) = src at r*sizeof(T) +
+  // c*sInner (columns contiguous). Per 64x64 block: copy src's columns into a
+  // buffer, transpose it in place, copy its rows out (LibTorch's scheme):
+  // every memory access outside the L1-resident buffer is contiguous.
+  constexpr std::int64_t B = 64;
+  const std::int64_t rowBlocks = (rows + B - 1) / B;
+  parallelFor(rowBlocks * std::max<std::int64_t>(cols, 1), [&](std::int64_t b, std::int64_t e) {
+    alignas(64) T buf[B * B];
+    std::int64_t rb0 = b / std::max<std::int64_t>(cols, 1), rb1 = (e + cols - 1) / std::max<std::int64_t>(cols, 1);
+    for (std::int64_t rbk = rb0; rbk < std::min(rb1, rowBlocks); ++rbk) {
+      std::int64_t R = rbk * B, nr = std::min(B, rows - R);
+      for (std::int64_t C = 0; C < cols; C += B) {
+        std::int64_t nc = std::min(B, cols - C);
+        for (std::int64_t c = 0; c < nc; ++c)
+          std::memcpy(buf + c * B, src + R * static_cast<std::int64_t>(sizeof(T)) + (C + c) * sInner,
+                      static_cast<std::size_t>(nr) * sizeof(T));
+        for (std::int64_t r = 0; r < B; ++r)
+          for (std::int64_t c = 0; c < r; ++c)
+            std::swap(buf[r + B * c], buf[r * B + c]);
+        for (std::int64_t r = 0; r < nr; ++r)
+          std::memcpy(dst + (R + r) * dOuter + C * static_cast<std::int64_t>(sizeof(T)), buf + r * B,
+                      static_cast<std::size_t>(nc) * sizeof(T));
       }
     }
   });

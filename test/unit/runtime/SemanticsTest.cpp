@@ -402,3 +402,24 @@ TEST(MemoryStats, LargeBlocksAreReusedNotCounted) {
   EXPECT_EQ(after.allocations - before.allocations, 1);
   EXPECT_FLOAT_EQ(b.sum().item<float>(), float(1 << 20));
 }
+
+TEST(Copies, BlockedTransposeValues) {
+  for (int threads : {1, 2})
+    for (auto dt : {tt::kFloat, tt::kLong, tt::kHalf, tt::kBool})
+      for (auto shape : {V{67, 131}, V{300, 517}, V{1, 64}, V{64, 1}, V{129, 65}}) {
+        tt::set_num_threads(threads);
+        // Distinct values (mod 2 for bool; below 2048: exact in half).
+        std::vector<std::int64_t> vals(static_cast<std::size_t>(shape[0] * shape[1]));
+        for (std::size_t k = 0; k < vals.size(); ++k)
+          vals[k] = static_cast<std::int64_t>(dt == tt::kBool ? k % 2 : k % 2048);
+        tt::Tensor a = tt::tensor(tt::ArrayRef<std::int64_t>(vals)).view({shape[0], shape[1]}).to(dt);
+        tt::Tensor c = a.t().contiguous();
+        ASSERT_TRUE(c.is_contiguous());
+        tt::Tensor ref = a.to(tt::kLong).contiguous();
+        tt::Tensor got = c.to(tt::kLong).contiguous();
+        const std::int64_t *pr = ref.data_ptr<std::int64_t>(), *pg = got.data_ptr<std::int64_t>();
+        for (std::int64_t i = 0; i < shape[0]; ++i)
+          for (std::int64_t j = 0; j < shape[1]; ++j)
+            ASSERT_EQ(pg[j * shape[0] + i], pr[i * shape[1] + j]) << i << "," << j;
+      }
+}
