@@ -6,6 +6,8 @@
 #include "ViewNonContiguousCheck.h"
 #include "AliasThenMutateCheck.h"
 #include "InplaceOnDetachedCheck.h"
+#include "ReshapeNonContiguousCheck.h"
+#include "CloneInLoopCheck.h"
 
 namespace clang::tidy::tensor {
 
@@ -15,6 +17,8 @@ public:
     Factories.registerCheck<ViewNonContiguousCheck>("tensor-view-non-contiguous");
     Factories.registerCheck<AliasThenMutateCheck>("tensor-alias-then-mutate");
     Factories.registerCheck<InplaceOnDetachedCheck>("tensor-inplace-on-detached");
+    Factories.registerCheck<ReshapeNonContiguousCheck>("tensor-reshape-non-contiguous");
+    Factories.registerCheck<CloneInLoopCheck>("tensor-clone-in-loop");
   }
 };
 

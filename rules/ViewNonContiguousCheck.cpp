@@ -2,7 +2,6 @@
 
 #include "clang/AST/ExprCXX.h"
 #include "clang/ASTMatchers/ASTMatchFinder.h"
-#include "clang/Lex/Lexer.h"
 
 using namespace clang::ast_matchers;
 
@@ -11,40 +10,68 @@ namespace clang::tidy::tensor {
 ViewNonContiguousCheck::ViewNonContiguousCheck(StringRef Name, ClangTidyContext *Context)
     : ClangTidyCheck(Name, Context),
       TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
-      Model(TensorTypes) {}
+      Model(TensorTypes), UnprovenAsError(llvm::StringRef(Options.get("UnprovenAsError", "true"))
+                                          .equals_insensitive("true")) {}
 
 void ViewNonContiguousCheck::storeOptions(ClangTidyOptions::OptionMap &Opts) {
   Options.store(Opts, "TensorTypes", TensorTypes);
+  Options.store(Opts, "UnprovenAsError", UnprovenAsError ? "true" : "false");
 }
 
 void ViewNonContiguousCheck::registerMatchers(MatchFinder *Finder) {
-  // First version: `view` called directly on the result of a permuting op.
-  Finder->addMatcher(
-      cxxMemberCallExpr(callee(cxxMethodDecl(hasName("view"))),
-                        on(ignoringImplicit(cxxMemberCallExpr(
-                                                callee(cxxMethodDecl(hasAnyName("t", "transpose", "permute"))))
-                                                .bind("src"))))
-          .bind("view"),
-      this);
+  Finder->addMatcher(cxxMemberCallExpr(callee(cxxMethodDecl(hasAnyName("view", "view_as"))),
+                                       unless(isExpansionInSystemHeader()))
+                         .bind("view"),
+                     this);
 }
 
 void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *View = Result.Nodes.getNodeAs<CXXMemberCallExpr>("view");
-  const auto *Src = Result.Nodes.getNodeAs<CXXMemberCallExpr>("src");
-  if (!View || !Src || !Model.isTensorExpr(Src) || !Model.opOf(View))
+  if (!View || !Model.isTensorExpr(View->getImplicitObjectArgument()))
     return;
-  const sem::OpInfo *SrcOp = Model.opOf(Src);
-  if (!SrcOp || SrcOp->layout != sem::Layout::Permuted)
+  const LayoutAnalysis *LA = Layouts.forExpr(View, *Result.Context);
+  const ViewQuery *Q = LA ? LA->queryOf(View) : nullptr;
+  if (!Q || Q->Result != ViewQuery::NotViewable)
     return;
   const auto *ME = dyn_cast<MemberExpr>(View->getCallee());
-  if (!ME)
+  if (!ME || !Reported.insert(ME->getMemberLoc()).second)
     return;
-  diag(ME->getMemberLoc(), "'view' on the non-contiguous result of '%0' throws at run time; "
-                           "use 'reshape' (which copies) or make the copy explicit with "
-                           "'.contiguous().view(...)'",
-       DiagnosticIDs::Error)
-      << Src->getMethodDecl()->getName()
-      << FixItHint::CreateReplacement(ME->getMemberLoc(), "reshape");
+
+  std::string What = Q->Input.Origin.empty()
+                         ? std::string("a non-contiguous tensor")
+                         : "the non-contiguous result of '" + Q->Input.Origin + "'";
+  std::string Name = View->getMethodDecl()->getName().str();
+  std::string Reshape = Name == "view" ? "reshape" : "reshape_as";
+  std::string Msg = "'" + Name + "' on " + What;
+  if (Q->Certain) {
+    Msg += " always throws at run time";
+    std::string Sz = LayoutAnalysis::formatShape(*Q->Input.Sizes);
+    std::string St = LayoutAnalysis::formatShape(*Q->Input.Strides);
+    if (Q->NewSizes && !Sz.empty() && !St.empty())
+      Msg += ": sizes " + Sz + " with strides " + St + " cannot be viewed as " +
+             LayoutAnalysis::formatShape(*Q->NewSizes);
+  } else {
+    Msg += " throws at run time unless the dimensions it merges have size 1";
+  }
+  Msg += " ('view size is not compatible with input tensor's size and stride'); ";
+  // When the layout is known, reshape would copy for certain: make that copy
+  // explicit (tensor-reshape-non-contiguous accepts it). Otherwise reshape
+  // copies only if it must.
+  bool Known = Q->Input.Sizes.has_value();
+  Msg += Known ? "make the copy explicit with '.contiguous()." + Name + "(...)' or use '" + Reshape + "'"
+               : "use '" + Reshape + "' (which copies only when it must) or make the copy explicit with "
+                 "'.contiguous()." + Name + "(...)'";
+  {
+    auto D = diag(ME->getMemberLoc(), Msg,
+                  Q->Certain || UnprovenAsError ? DiagnosticIDs::Error : DiagnosticIDs::Warning);
+    if (!ME->getMemberLoc().isMacroID() && !ME->isArrow() &&
+        !inTemplateInstantiation(View, *Result.Context))
+      D << (Known ? FixItHint::CreateInsertion(ME->getMemberLoc(), "contiguous().")
+                  : FixItHint::CreateReplacement(ME->getMemberLoc(), Reshape));
+  }
+  SourceLocation OL = Q->Input.OriginLoc;
+  if (OL.isValid() && !Result.SourceManager->isPointWithin(OL, View->getBeginLoc(), View->getEndLoc()))
+    diag(OL, "made non-contiguous here by '%0'", DiagnosticIDs::Note) << Q->Input.Origin;
 }
 
 } // namespace clang::tidy::tensor

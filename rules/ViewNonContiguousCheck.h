@@ -1,18 +1,26 @@
 #pragma once
 
 #include "ClangTidyCheck.h"
+#include "analysis/LayoutAnalysis.h"
 #include "analysis/TensorModel.h"
+
+#include "llvm/ADT/DenseSet.h"
 
 namespace clang::tidy::tensor {
 
-/// Flags `view()` on a tensor that is certainly non-contiguous, which throws at
-/// run time. Docs: docs/checks/tensor-view-non-contiguous.md
+/// Flags `view()`/`view_as()` on a non-contiguous tensor whose layout cannot be
+/// viewed with the new shape: a run-time error.
+/// Docs: docs/checks/tensor-view-non-contiguous.md
 class ViewNonContiguousCheck : public ClangTidyCheck {
 public:
   ViewNonContiguousCheck(StringRef Name, ClangTidyContext *Context);
   void storeOptions(ClangTidyOptions::OptionMap &Opts) override;
   void registerMatchers(ast_matchers::MatchFinder *Finder) override;
   void check(const ast_matchers::MatchFinder::MatchResult &Result) override;
+  void onEndOfTranslationUnit() override {
+    Layouts.clear();
+    Reported.clear();
+  }
   bool isLanguageVersionSupported(const LangOptions &LangOpts) const override {
     return LangOpts.CPlusPlus;
   }
@@ -20,6 +28,10 @@ public:
 private:
   const std::string TensorTypes;
   const TensorModel Model;
+  // Layouts that throw for every size > 1 (run-time sizes): error or warning.
+  const bool UnprovenAsError;
+  LayoutCache Layouts{Model};
+  llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
 };
 
 } // namespace clang::tidy::tensor

@@ -1,0 +1,69 @@
+#include "ReshapeNonContiguousCheck.h"
+
+#include "clang/AST/ExprCXX.h"
+#include "clang/ASTMatchers/ASTMatchFinder.h"
+
+using namespace clang::ast_matchers;
+
+namespace clang::tidy::tensor {
+
+ReshapeNonContiguousCheck::ReshapeNonContiguousCheck(StringRef Name, ClangTidyContext *Context)
+    : ClangTidyCheck(Name, Context),
+      TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
+      Model(TensorTypes) {}
+
+void ReshapeNonContiguousCheck::storeOptions(ClangTidyOptions::OptionMap &Opts) {
+  Options.store(Opts, "TensorTypes", TensorTypes);
+}
+
+void ReshapeNonContiguousCheck::registerMatchers(MatchFinder *Finder) {
+  // Member calls and the free functions (torch::reshape(x, ...), torch::flatten(x)).
+  Finder->addMatcher(callExpr(callee(functionDecl(hasAnyName("reshape", "reshape_as", "flatten"))),
+                              unless(isExpansionInSystemHeader()))
+                         .bind("call"),
+                     this);
+}
+
+void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
+  const auto *Call = Result.Nodes.getNodeAs<CallExpr>("call");
+  if (!Call || !Model.opOf(Call))
+    return;
+  const LayoutAnalysis *LA = Layouts.forExpr(Call, *Result.Context);
+  const ViewQuery *Q = LA ? LA->queryOf(Call) : nullptr;
+  // A performance hint: only when the rank is known (not for a flatten of a
+  // transpose of a tensor we know nothing about).
+  if (!Q || Q->Result != ViewQuery::NotViewable || !Q->Input.Sizes)
+    return;
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+  const auto *ME = MC ? dyn_cast<MemberExpr>(MC->getCallee()) : nullptr;
+  SourceLocation Loc = ME ? ME->getMemberLoc() : Call->getExprLoc();
+  if (!Reported.insert(Loc).second)
+    return;
+
+  std::string Name = Call->getDirectCallee()->getName().str();
+  std::string What = Q->Input.Origin.empty()
+                         ? std::string("its non-contiguous input")
+                         : "the non-contiguous result of '" + Q->Input.Origin + "'";
+  std::string Size;
+  if (Q->Bytes)
+    Size = " (" + LayoutAnalysis::formatBytes(*Q->Bytes) + ")";
+  std::string Msg = "'" + Name + "' silently copies " + What + Size + ": ";
+  if (Q->Certain)
+    Msg += "the new shape cannot be a view of its strides";
+  else
+    Msg += "the new shape cannot be a view unless the dimensions it merges have size 1";
+  Msg += "; make the copy explicit with '.contiguous()";
+  Msg += Name == "reshape" ? ".view(...)'" : "." + Name + "(...)'";
+  {
+    auto D = diag(Loc, Msg);
+    if (ME && !Loc.isMacroID() && !ME->isArrow() && !inTemplateInstantiation(Call, *Result.Context))
+      D << FixItHint::CreateReplacement(ME->getMemberLoc(), Name == "reshape"
+                                                                ? "contiguous().view"
+                                                                : "contiguous()." + Name);
+  }
+  SourceLocation OL = Q->Input.OriginLoc;
+  if (OL.isValid() && !Result.SourceManager->isPointWithin(OL, Call->getBeginLoc(), Call->getEndLoc()))
+    diag(OL, "made non-contiguous here by '%0'", DiagnosticIDs::Note) << Q->Input.Origin;
+}
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,801 @@
+#include "analysis/LoopAnalysis.h"
+#include "analysis/LayoutAnalysis.h"
+
+#include "clang/AST/DeclCXX.h"
+#include "clang/AST/ExprCXX.h"
+#include "clang/AST/ParentMapContext.h"
+#include "clang/AST/StmtCXX.h"
+#include "clang/Basic/SourceManager.h"
+#include "llvm/ADT/StringSwitch.h"
+
+namespace clang::tidy::tensor {
+
+namespace {
+
+const Expr *peel(const Expr *E) { return stripHandle(E); }
+
+bool isLoop(const Stmt *S) {
+  return isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S);
+}
+
+// Methods that copy data into a container or keep the argument.
+bool isStoreName(llvm::StringRef N) {
+  return llvm::StringSwitch<bool>(N)
+      .Cases("push_back", "emplace_back", "push_front", "emplace_front", "push", "emplace", true)
+      .Cases("insert", "insert_or_assign", "try_emplace", "append", "assign", "set", true)
+      .Cases("store", "save", "put", "add", "record", "register_buffer", "register_parameter", true)
+      .Default(false);
+}
+
+const sem::OpInfo *tensorOp(const TensorModel &M, const CallExpr *C) {
+  const sem::OpInfo *Op = M.opOf(C);
+  if (Op)
+    return Op;
+  // LibTorch declares some methods on TensorBase: look through the cast.
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(C))
+    if (const Expr *O = MC->getImplicitObjectArgument();
+        O && M.isTensorExpr(O->IgnoreParenImpCasts()) && MC->getMethodDecl() &&
+        MC->getMethodDecl()->getIdentifier())
+      return sem::lookup(MC->getMethodDecl()->getName());
+  return nullptr;
+}
+
+bool aliasing(const sem::OpInfo *Op) {
+  return Op && (Op->storage == sem::Storage::View || Op->storage == sem::Storage::MayAlias ||
+                Op->storage == sem::Storage::Detach || Op->storage == sem::Storage::InPlace);
+}
+
+bool isMetadata(llvm::StringRef N) {
+  return llvm::StringSwitch<bool>(N)
+      .Cases("size", "sizes", "stride", "strides", "dim", "numel", "dtype", "scalar_type", true)
+      .Cases("device", "options", "is_contiguous", "is_cuda", "defined", "requires_grad", true)
+      .Default(false);
+}
+
+bool isInPlaceCall(const CallExpr *C) {
+  const FunctionDecl *FD = C->getDirectCallee();
+  return FD && FD->getIdentifier() && sem::isInPlaceName(FD->getName());
+}
+
+} // namespace
+
+LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const FunctionDecl *FD)
+    : Model(Model), Ctx(Ctx), FD(FD) {
+  // One pass over the body: handle aliases (union-find), storage that may be
+  // shared with the outside world, variables pinned by address or reference
+  // capture.
+  for (const ParmVarDecl *P : FD->parameters())
+    ForeignVars.insert(P);
+  llvm::SmallVector<const Stmt *, 64> Work;
+  if (FD->getBody())
+    Work.push_back(FD->getBody());
+  auto Bind = [&](const VarDecl *V, const Expr *Init) {
+    llvm::SmallVector<const VarDecl *, 4> B;
+    basesOf(Init, B);
+    for (const VarDecl *X : B)
+      unite(V, X);
+    if (Model.isTensorType(V->getType()) && rootsForeign(Init))
+      ForeignVars.insert(V);
+  };
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    if (const auto *DS = dyn_cast<DeclStmt>(S)) {
+      for (const Decl *D : DS->decls())
+        if (const auto *V = dyn_cast<VarDecl>(D)) {
+          if (V->hasGlobalStorage())
+            ForeignVars.insert(V);
+          if (V->getInit())
+            Bind(V, V->getInit());
+          if (V->getType()->isReferenceType() && !V->getInit())
+            ForeignVars.insert(V);
+        }
+    } else if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S)) {
+      if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
+        if (const auto *L = dyn_cast<DeclRefExpr>(peel(OC->getArg(0))))
+          if (const auto *V = dyn_cast<VarDecl>(L->getDecl()))
+            Bind(V, OC->getArg(1));
+    } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
+      if (UO->getOpcode() == UO_AddrOf)
+        if (const auto *D = dyn_cast<DeclRefExpr>(peel(UO->getSubExpr())))
+          if (const auto *V = dyn_cast<VarDecl>(D->getDecl()))
+            Pinned.insert(V);
+    } else if (const auto *L = dyn_cast<LambdaExpr>(S)) {
+      for (const LambdaCapture &C : L->captures())
+        if (C.capturesVariable() && C.getCaptureKind() == LCK_ByRef)
+          if (const auto *V = dyn_cast<VarDecl>(C.getCapturedVar()))
+            Pinned.insert(V);
+    } else if (const auto *RF = dyn_cast<CXXForRangeStmt>(S)) {
+      if (const VarDecl *LV = RF->getLoopVariable())
+        ForeignVars.insert(LV);
+    }
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+  for (const VarDecl *V : ForeignVars)
+    Foreign.insert(root(V));
+}
+
+const VarDecl *LoopAnalysis::root(const VarDecl *V) {
+  auto It = Parent.find(V);
+  if (It == Parent.end() || It->second == V)
+    return V;
+  const VarDecl *R = root(It->second);
+  Parent[V] = R;
+  return R;
+}
+
+void LoopAnalysis::unite(const VarDecl *A, const VarDecl *B) {
+  const VarDecl *RA = root(A), *RB = root(B);
+  if (RA != RB)
+    Parent[RA] = RB;
+}
+
+bool LoopAnalysis::isKnownLibrary(const FunctionDecl *F) const {
+  const DeclContext *DC = F->getDeclContext();
+  while (DC && !DC->isTranslationUnit()) {
+    if (const auto *NS = dyn_cast<NamespaceDecl>(DC)) {
+      if (NS->isStdNamespace())
+        return true;
+      if (NS->getIdentifier() && isa<TranslationUnitDecl>(NS->getParent())) {
+        llvm::StringRef N = NS->getName();
+        return N == "tt" || N == "torch" || N == "at" || N == "c10";
+      }
+    }
+    DC = DC->getParent();
+  }
+  return false;
+}
+
+void LoopAnalysis::basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *> &Out) const {
+  E = peel(E);
+  if (!E)
+    return;
+  if (const auto *D = dyn_cast<DeclRefExpr>(E)) {
+    if (const auto *V = dyn_cast<VarDecl>(D->getDecl()))
+      Out.push_back(V);
+    return;
+  }
+  if (const auto *CO = dyn_cast<AbstractConditionalOperator>(E)) {
+    basesOf(CO->getTrueExpr(), Out);
+    basesOf(CO->getFalseExpr(), Out);
+    return;
+  }
+  if (const auto *ME = dyn_cast<MemberExpr>(E)) {
+    basesOf(ME->getBase(), Out);
+    return;
+  }
+  if (const auto *AS = dyn_cast<ArraySubscriptExpr>(E)) {
+    basesOf(AS->getBase(), Out);
+    return;
+  }
+  if (const auto *UO = dyn_cast<UnaryOperator>(E)) {
+    if (UO->getOpcode() == UO_Deref || UO->getOpcode() == UO_AddrOf)
+      basesOf(UO->getSubExpr(), Out);
+    return;
+  }
+  if (const auto *BO = dyn_cast<BinaryOperator>(E)) {
+    if (BO->isAssignmentOp() || BO->getOpcode() == BO_Comma)
+      basesOf(BO->getLHS(), Out);
+    return;
+  }
+  const auto *C = dyn_cast<CallExpr>(E);
+  if (!C)
+    return;
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
+    switch (OC->getOperator()) {
+    case OO_Subscript:
+    case OO_Arrow:
+    case OO_Star:
+      if (OC->getNumArgs() == 1 || OC->getOperator() != OO_Star)
+        basesOf(OC->getArg(0), Out);
+      return;
+    case OO_Equal:
+    case OO_PlusEqual:
+    case OO_MinusEqual:
+    case OO_StarEqual:
+    case OO_SlashEqual:
+      basesOf(OC->getArg(0), Out);
+      return;
+    default:
+      if (Model.isTensorExpr(E))
+        return; // math operators allocate
+      break;
+    }
+  }
+  const FunctionDecl *F = C->getDirectCallee();
+  if (const sem::OpInfo *Op = tensorOp(Model, C)) {
+    if (aliasing(Op) || (!Op && isInPlaceCall(C))) {
+      if (const Expr *Self = TensorModel::selfOf(C))
+        basesOf(Self, Out);
+      else if (C->getNumArgs())
+        basesOf(C->getArg(0), Out);
+    }
+    return;
+  }
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(C)) {
+    // A tensor method outside the table, or an accessor returning a handle
+    // or reference into its object (`vec.back()`, `model->weight()`).
+    if (isInPlaceCall(C) || !Model.isTensorExpr(MC->getImplicitObjectArgument()))
+      if (E->getType()->isReferenceType() || C->getCallReturnType(Ctx)->isReferenceType() ||
+          Model.isTensorExpr(E))
+        basesOf(MC->getImplicitObjectArgument(), Out);
+    return;
+  }
+  if (F && isKnownLibrary(F) && F->getIdentifier() && F->getName() != "move" &&
+      F->getName() != "forward" && !F->getReturnType()->isReferenceType())
+    return; // library functions allocate their results (torch::cat, tt::matmul...)
+  // An unknown function may return (a view of) any tensor it was given.
+  for (const Expr *A : C->arguments())
+    if (Model.isTensorExpr(A) || A->getType()->isReferenceType())
+      basesOf(A, Out);
+}
+
+bool LoopAnalysis::rootsForeign(const Expr *E) const {
+  E = peel(E);
+  if (!E)
+    return false;
+  if (const auto *D = dyn_cast<DeclRefExpr>(E)) {
+    const auto *V = dyn_cast<VarDecl>(D->getDecl());
+    return V && (ForeignVars.count(V) || V->hasGlobalStorage());
+  }
+  if (const auto *CO = dyn_cast<AbstractConditionalOperator>(E))
+    return rootsForeign(CO->getTrueExpr()) || rootsForeign(CO->getFalseExpr());
+  if (isa<MemberExpr>(E))
+    return true;
+  const auto *C = dyn_cast<CallExpr>(E);
+  if (!C)
+    return false;
+  if (isa<CXXOperatorCallExpr>(C) && Model.isTensorExpr(E)) {
+    auto Op = cast<CXXOperatorCallExpr>(C)->getOperator();
+    if (Op == OO_Plus || Op == OO_Minus || Op == OO_Star || Op == OO_Slash)
+      return false;
+  }
+  if (const sem::OpInfo *Op = tensorOp(Model, C)) {
+    if (!aliasing(Op))
+      return false;
+    const Expr *Self = TensorModel::selfOf(C);
+    return rootsForeign(Self ? Self : (C->getNumArgs() ? C->getArg(0) : nullptr));
+  }
+  const FunctionDecl *F = C->getDirectCallee();
+  if (F && isKnownLibrary(F) && F->getIdentifier() && F->getName() != "move" &&
+      !F->getReturnType()->isReferenceType() && !isa<CXXMethodDecl>(F))
+    return false; // torch::zeros, torch::cat...
+  return true;
+}
+
+const Stmt *LoopAnalysis::innermostLoop(const Stmt *S, ASTContext &Ctx) {
+  const Stmt *Child = S;
+  DynTypedNodeList Parents = Ctx.getParents(*S);
+  while (!Parents.empty()) {
+    const DynTypedNode &N = Parents[0];
+    if (N.get<LambdaExpr>() || N.get<Decl>() && !N.get<VarDecl>() && !N.get<DecompositionDecl>())
+      return nullptr;
+    if (const auto *P = N.get<Stmt>()) {
+      if (isLoop(P) && Child) {
+        bool Once = false; // parts evaluated once: for-init, range init
+        if (const auto *F = dyn_cast<ForStmt>(P))
+          Once = Child == F->getInit();
+        else if (const auto *RF = dyn_cast<CXXForRangeStmt>(P))
+          Once = Child == RF->getInit() || Child == RF->getRangeStmt() ||
+                 Child == RF->getRangeInit() || Child == RF->getBeginStmt() ||
+                 Child == RF->getEndStmt();
+        if (!Once)
+          return P;
+      }
+      Child = P;
+    } else {
+      Child = nullptr;
+    }
+    Parents = Ctx.getParents(N);
+  }
+  return nullptr;
+}
+
+bool LoopAnalysis::isDeclaredIn(const VarDecl *V, const Stmt *Loop) const {
+  if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop))
+    if (RF->getLoopVariable() == V)
+      return true;
+  const SourceManager &SM = Ctx.getSourceManager();
+  SourceLocation L = SM.getExpansionLoc(V->getLocation());
+  SourceRange R = Loop->getSourceRange();
+  return SM.isPointWithin(L, SM.getExpansionLoc(R.getBegin()), SM.getExpansionLoc(R.getEnd()));
+}
+
+void LoopAnalysis::markWritten(const Expr *E, LoopFacts &F) {
+  E = peel(E);
+  if (!E)
+    return;
+  // Fields written through `this` (or a local object).
+  for (const Expr *X = E; X;) {
+    X = peel(X);
+    if (const auto *ME = dyn_cast_or_null<MemberExpr>(X)) {
+      if (const auto *FDl = dyn_cast<FieldDecl>(ME->getMemberDecl()))
+        F.WrittenFields.insert(FDl);
+      X = ME->getBase();
+    } else if (const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(X)) {
+      X = MC->getImplicitObjectArgument();
+    } else if (const auto *OC = dyn_cast_or_null<CXXOperatorCallExpr>(X);
+               OC && OC->getNumArgs() >= 1 &&
+               (OC->getOperator() == OO_Subscript || OC->getOperator() == OO_Arrow)) {
+      X = OC->getArg(0);
+    } else {
+      break;
+    }
+  }
+  llvm::SmallVector<const VarDecl *, 4> B;
+  basesOf(E, B);
+  for (const VarDecl *V : B)
+    F.Written.insert(V);
+}
+
+void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
+  if (!S)
+    return;
+  if (const auto *BO = dyn_cast<BinaryOperator>(S)) {
+    if (BO->isAssignmentOp())
+      markWritten(BO->getLHS(), F);
+  } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
+    if (UO->isIncrementDecrementOp() || UO->getOpcode() == UO_AddrOf)
+      markWritten(UO->getSubExpr(), F);
+  } else if (const auto *DS = dyn_cast<DeclStmt>(S)) {
+    // A reference bound in the loop may write what it binds.
+    for (const Decl *D : DS->decls())
+      if (const auto *V = dyn_cast<VarDecl>(D);
+          V && V->getType()->isReferenceType() && V->getInit() &&
+          !V->getType().getNonReferenceType().isConstQualified())
+        markWritten(V->getInit(), F);
+  } else if (const auto *C = dyn_cast<CallExpr>(S)) {
+    const FunctionDecl *Callee = C->getDirectCallee();
+    const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+    const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+    const Expr *Obj = MC ? MC->getImplicitObjectArgument() : nullptr;
+    if (OC && OC->getNumArgs() >= 1 && isa_and_nonnull<CXXMethodDecl>(Callee))
+      Obj = OC->getArg(0);
+    bool TensorObj = Obj && Model.isTensorExpr(Obj->IgnoreParenImpCasts());
+    if (OC && OC->isAssignmentOp()) {
+      markWritten(OC->getArg(0), F);
+    } else if (TensorObj) {
+      if (isInPlaceCall(C)) {
+        markWritten(Obj, F);
+        llvm::SmallVector<const VarDecl *, 2> B;
+        basesOf(Obj, B);
+        if (B.empty() || llvm::any_of(B, [&](const VarDecl *V) { return ForeignVars.count(V); }))
+          F.Opaque = true; // writes storage that others may see
+      }
+    } else if (Obj && Callee) {
+      const auto *MD = dyn_cast<CXXMethodDecl>(Callee);
+      if (MD && !MD->isConst() && !MD->isStatic()) {
+        markWritten(Obj, F);
+        if (isa<CXXThisExpr>(Obj->IgnoreParenImpCasts()))
+          F.ThisMutated = true;
+        if (!isKnownLibrary(MD) || !MD->getParent()->isInStdNamespace())
+          if (!(MD->getParent()->isLambda()))
+            F.Opaque = true;
+      }
+      if (MD && MD->getParent()->isLambda())
+        F.Opaque = true;
+    } else if (!Callee) {
+      F.Opaque = true; // through a pointer, std::function...
+    }
+    // A free function can write only what it is given (handled below) and
+    // globals, which are never invariant here: not opaque.
+    // Arguments: non-const references and pointers may be written; a tensor
+    // handed to code we cannot see may be written in place.
+    if (Callee) {
+      unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
+      bool Lib = isKnownLibrary(Callee) && !isInPlaceCall(C);
+      for (unsigned I = Shift; I < C->getNumArgs(); ++I) {
+        const Expr *A = C->getArg(I);
+        QualType PT;
+        if (I - Shift < Callee->getNumParams())
+          PT = Callee->getParamDecl(I - Shift)->getType();
+        bool W = false;
+        if (!PT.isNull() && (PT->isPointerType() || PT->isReferenceType()))
+          W = !PT->getPointeeType().isConstQualified() || PT->isRValueReferenceType();
+        if (Model.isTensorExpr(A) && !Lib && mayWriteArg(Callee, I - Shift))
+          W = true;
+        if (isa<CXXThisExpr>(A->IgnoreParenImpCasts()))
+          F.ThisMutated = true;
+        if (W)
+          markWritten(A, F);
+      }
+    }
+  }
+  for (const Stmt *Ch : S->children())
+    collect(Ch, F);
+}
+
+bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth) const {
+  if (!Callee || Depth > 3)
+    return true;
+  if (isKnownLibrary(Callee))
+    return Callee->getIdentifier() && sem::isInPlaceName(Callee->getName()) && I == 0;
+  const FunctionDecl *Def = nullptr;
+  if (!Callee->hasBody(Def) || !Def || I >= Def->getNumParams())
+    return true;
+  llvm::DenseSet<const VarDecl *> Alias{Def->getParamDecl(I)};
+  auto Touches = [&](const Expr *E) {
+    llvm::SmallVector<const VarDecl *, 4> B;
+    basesOf(E, B);
+    return llvm::any_of(B, [&](const VarDecl *V) { return Alias.count(V) > 0; });
+  };
+  bool Writes = false;
+  llvm::SmallVector<const Stmt *, 32> Work{Def->getBody()};
+  // Pre-order walk: declarations come before their uses.
+  while (!Work.empty() && !Writes) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    if (const auto *DS = dyn_cast<DeclStmt>(S)) {
+      for (const Decl *D : DS->decls())
+        if (const auto *V = dyn_cast<VarDecl>(D); V && V->getInit() && Touches(V->getInit()))
+          Alias.insert(V);
+    } else if (const auto *L = dyn_cast<LambdaExpr>(S)) {
+      for (const LambdaCapture &C : L->captures())
+        if (C.capturesVariable() && Alias.count(dyn_cast<VarDecl>(C.getCapturedVar())))
+          Writes = true;
+    } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
+      Writes = UO->getOpcode() == UO_AddrOf && Touches(UO->getSubExpr());
+    } else if (const auto *C = dyn_cast<CallExpr>(S)) {
+      const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+      const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+      if (MC && isInPlaceCall(C) && Touches(MC->getImplicitObjectArgument()))
+        Writes = true;
+      else if (OC && OC->isAssignmentOp() && OC->getNumArgs() &&
+               !(OC->getOperator() == OO_Equal && isa<DeclRefExpr>(peel(OC->getArg(0)))) &&
+               Touches(OC->getArg(0)))
+        Writes = true; // `t += 1`, `t[0] = x` (rebinding a handle is not a write)
+      else if (const FunctionDecl *F = C->getDirectCallee(); !OC || !isa<CXXMethodDecl>(F)) {
+        unsigned Shift = OC && F && isa<CXXMethodDecl>(F) ? 1 : 0;
+        for (unsigned J = Shift; J < C->getNumArgs() && !Writes; ++J)
+          if (Touches(C->getArg(J)) && Model.isTensorExpr(C->getArg(J)))
+            Writes = mayWriteArg(F, J - Shift, Depth + 1);
+      }
+    }
+    llvm::SmallVector<const Stmt *, 8> Kids(S->children());
+    for (auto It = Kids.rbegin(); It != Kids.rend(); ++It)
+      Work.push_back(*It);
+  }
+  return Writes;
+}
+
+const LoopAnalysis::LoopFacts &LoopAnalysis::factsOf(const Stmt *Loop) {
+  auto &Slot = Loops[Loop];
+  if (Slot)
+    return *Slot;
+  Slot = std::make_unique<LoopFacts>();
+  if (const auto *F = dyn_cast<ForStmt>(Loop)) {
+    collect(F->getCond(), *Slot);
+    collect(F->getInc(), *Slot);
+    collect(F->getBody(), *Slot);
+  } else if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop)) {
+    collect(RF->getLoopVarStmt(), *Slot);
+    collect(RF->getBody(), *Slot);
+  } else {
+    for (const Stmt *C : Loop->children())
+      collect(C, *Slot);
+  }
+  return *Slot;
+}
+
+bool LoopAnalysis::classWritten(const VarDecl *V, const LoopFacts &F) {
+  const VarDecl *R = root(V);
+  for (const VarDecl *W : F.Written)
+    if (root(W) == R)
+      return true;
+  return false;
+}
+
+bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) {
+  if (!E || Depth > 8)
+    return false;
+  E = peel(E);
+  if (isa<IntegerLiteral, FloatingLiteral, CXXBoolLiteralExpr, StringLiteral, CharacterLiteral,
+          CXXNullPtrLiteralExpr, CXXDefaultArgExpr>(E))
+    return true;
+  if (!E->isValueDependent() && !E->isTypeDependent() && E->getType()->isIntegralOrEnumerationType() &&
+      E->isEvaluatable(Ctx))
+    return true;
+  const LoopFacts &F = factsOf(Loop);
+  if (const auto *D = dyn_cast<DeclRefExpr>(E)) {
+    const auto *V = dyn_cast<VarDecl>(D->getDecl());
+    if (!V)
+      return true; // functions, enumerators
+    if (V->getType().isConstQualified() && !Model.isTensorType(V->getType()) &&
+        !V->getType()->isReferenceType() && (V->hasGlobalStorage() || V->isConstexpr()))
+      return true;
+    if (Pinned.count(V) || classWritten(V, F))
+      return false;
+    if (isDeclaredIn(V, Loop)) {
+      if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop); RF && RF->getLoopVariable() == V)
+        return false;
+      return V->getInit() && !V->isStaticLocal() && isInvariant(V->getInit(), Loop, Depth + 1);
+    }
+    if (V->hasGlobalStorage() && !V->getType().isConstQualified())
+      return false;
+    if (Model.isTensorType(V->getType()) && Foreign.count(root(V)) && F.Opaque)
+      return false;
+    return true;
+  }
+  if (const auto *ME = dyn_cast<MemberExpr>(E)) {
+    const auto *Fl = dyn_cast<FieldDecl>(ME->getMemberDecl());
+    if (!Fl || F.WrittenFields.count(Fl))
+      return false;
+    if (Model.isTensorType(Fl->getType()) && F.Opaque)
+      return false;
+    const Expr *Base = ME->getBase()->IgnoreParenImpCasts();
+    if (isa<CXXThisExpr>(Base))
+      return !F.ThisMutated;
+    if (ME->isArrow())
+      return false;
+    return isInvariant(Base, Loop, Depth + 1);
+  }
+  if (const auto *UO = dyn_cast<UnaryOperator>(E))
+    return !UO->isIncrementDecrementOp() && isInvariant(UO->getSubExpr(), Loop, Depth + 1);
+  if (const auto *BO = dyn_cast<BinaryOperator>(E))
+    return !BO->isAssignmentOp() && isInvariant(BO->getLHS(), Loop, Depth + 1) &&
+           isInvariant(BO->getRHS(), Loop, Depth + 1);
+  // Values built from invariant parts: {2, 3}, TensorOptions(dev), Device("cuda").
+  if (const auto *IL = dyn_cast<InitListExpr>(E))
+    return llvm::all_of(IL->inits(), [&](const Expr *I) { return isInvariant(I, Loop, Depth + 1); });
+  if (const auto *SIL = dyn_cast<CXXStdInitializerListExpr>(E))
+    return isInvariant(SIL->getSubExpr(), Loop, Depth + 1);
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(E))
+    return !Model.isTensorExpr(CE) &&
+           llvm::all_of(CE->arguments(), [&](const Expr *A) { return isInvariant(A, Loop, Depth + 1); });
+  const auto *C = dyn_cast<CallExpr>(E);
+  if (!C)
+    return false;
+  auto ArgsInvariant = [&] {
+    for (const Expr *A : C->arguments())
+      if (!isInvariant(A, Loop, Depth + 1))
+        return false;
+    return true;
+  };
+  if (isInPlaceCall(C))
+    return false;
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
+    switch (OC->getOperator()) {
+    case OO_Plus: case OO_Minus: case OO_Star: case OO_Slash: case OO_Subscript:
+      return ArgsInvariant();
+    default:
+      return false;
+    }
+  }
+  const FunctionDecl *Callee = C->getDirectCallee();
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+  if (MC && Model.isTensorExpr(MC->getImplicitObjectArgument()->IgnoreParenImpCasts())) {
+    const sem::OpInfo *Op = tensorOp(Model, C);
+    bool Pure = (Op && Op->storage != sem::Storage::InPlace &&
+                 Op->storage != sem::Storage::Factory) ||
+                (Callee && Callee->getIdentifier() && isMetadata(Callee->getName()));
+    return Pure && isInvariant(MC->getImplicitObjectArgument(), Loop, Depth + 1) && ArgsInvariant();
+  }
+  // Library value constructors and tensor ops in tt/torch/at (kCUDA,
+  // torch::Device("cuda"), torch::matmul(a, b)...), but not random factories.
+  if (Callee && isKnownLibrary(Callee) && !isa<CXXMethodDecl>(Callee) && Callee->getIdentifier()) {
+    llvm::StringRef N = Callee->getName();
+    if (N.starts_with("rand") || N == "normal" || N == "bernoulli" || N == "multinomial" ||
+        N == "empty" || N == "empty_like")
+      return false;
+    return ArgsInvariant();
+  }
+  return false;
+}
+
+void LoopAnalysis::useOfValue(const Expr *E, const Stmt *Loop, Use &U,
+                              llvm::SmallVectorImpl<const VarDecl *> &Work) {
+  // Climb from a use of the value to what consumes it.
+  const Stmt *Cur = E;
+  for (unsigned Guard = 0; Guard < 32; ++Guard) {
+    DynTypedNodeList Ps = Ctx.getParents(*Cur);
+    if (Ps.empty())
+      return;
+    const DynTypedNode &N = Ps[0];
+    if (const auto *V = N.get<VarDecl>()) {
+      if (V->isStaticLocal() || !isDeclaredIn(V, Loop) ||
+          (V->getType()->isReferenceType() && !V->getType().getNonReferenceType().isConstQualified()))
+        U.Escapes = true;
+      else if (Model.isTensorType(V->getType()))
+        Work.push_back(V);
+      else if (!V->getType()->isReferenceType() && !V->getType()->isArithmeticType())
+        U.Escapes = true; // held by another object (struct, container)
+      return;
+    }
+    const auto *P = N.get<Stmt>();
+    if (!P)
+      return;
+    if (const auto *ME = dyn_cast<MemberExpr>(P)) {
+      // `v.op(...)`: the consumer is the call whose callee this is.
+      DynTypedNodeList MPs = Ctx.getParents(*ME);
+      const auto *MC = MPs.empty() ? nullptr : MPs[0].get<CXXMemberCallExpr>();
+      if (!MC || MC->getCallee()->IgnoreParenImpCasts() != ME)
+        return; // a field or a bound member
+      P = MC;
+    }
+    if (isa<ImplicitCastExpr, ParenExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr,
+            ExprWithCleanups, CXXFunctionalCastExpr>(P)) {
+      Cur = P;
+      continue;
+    }
+    if (const auto *CE = dyn_cast<CXXConstructExpr>(P)) {
+      if ((CE->getNumArgs() == 1 && CE->getConstructor()->isCopyOrMoveConstructor() &&
+           Model.isTensorExpr(CE)) ||
+          isKnownLibrary(CE->getConstructor())) {
+        // A handle copy, or a library wrapper around an argument
+        // (tt::detail::LocatedTensor, at::TensorList...): its consumer decides.
+        Cur = P;
+        continue;
+      }
+      U.Escapes = true; // kept by an object we do not model
+      return;
+    }
+    if (isa<InitListExpr, CXXStdInitializerListExpr>(P)) {
+      Cur = P; // `torch::cat({a, b})` reads; `std::vector<Tensor>{a}` keeps (below)
+      continue;
+    }
+    if (isa<ReturnStmt, CoreturnStmt, CXXThrowExpr, LambdaExpr, ParenListExpr>(P)) {
+      U.Escapes = true;
+      return;
+    }
+    if (const auto *UO = dyn_cast<UnaryOperator>(P)) {
+      if (UO->getOpcode() == UO_AddrOf)
+        U.Escapes = true;
+      return;
+    }
+    if (const auto *CO = dyn_cast<AbstractConditionalOperator>(P)) {
+      if (CO->getCond() != Cur) {
+        Cur = P;
+        continue;
+      }
+      return;
+    }
+    const auto *C = dyn_cast<CallExpr>(P);
+    if (!C)
+      return;
+    const FunctionDecl *Callee = C->getDirectCallee();
+    const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+    const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+    bool IsObject = (MC && peel(MC->getImplicitObjectArgument()) == peel(cast<Expr>(Cur))) ||
+                    (OC && OC->getNumArgs() && peel(OC->getArg(0)) == peel(cast<Expr>(Cur)) &&
+                     isa_and_nonnull<CXXMethodDecl>(Callee));
+    if (OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
+      if (peel(OC->getArg(1)) == peel(cast<Expr>(Cur))) {
+        // Stored into the assigned handle.
+        const Expr *L = peel(OC->getArg(0));
+        const auto *D = dyn_cast<DeclRefExpr>(L);
+        const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+        if (!V || !isDeclaredIn(V, Loop) || V->isStaticLocal())
+          U.Escapes = true;
+        else
+          Work.push_back(V);
+        return;
+      }
+      U.Written = true; // `copy[i] = x` writes it (rvalue assignment into storage)
+      return;
+    }
+    if (IsObject && Model.isTensorExpr(cast<Expr>(Cur))) {
+      if (OC && OC->isAssignmentOp()) {
+        U.Written = true;
+        return;
+      }
+      if (isInPlaceCall(C)) {
+        U.Written = true;
+        Cur = P; // returns self
+        continue;
+      }
+      const sem::OpInfo *Op = tensorOp(Model, C);
+      if (aliasing(Op) || (OC && OC->getOperator() == OO_Subscript)) {
+        Cur = P; // a view of it: follow the view
+        continue;
+      }
+      return; // consumed by a read-only op
+    }
+    if (!Callee) {
+      U.Escapes = true;
+      return;
+    }
+    if (Callee->getIdentifier() && (isStoreName(Callee->getName()) || Callee->getName() == "move" ||
+                                    Callee->getName() == "forward")) {
+      U.Escapes = true;
+      return;
+    }
+    // An argument: by rvalue reference it is kept; code we cannot see may
+    // write it in place.
+    for (unsigned I = 0; I < C->getNumArgs(); ++I) {
+      if (peel(C->getArg(I)) != peel(cast<Expr>(Cur)))
+        continue;
+      unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
+      if (I >= Shift && I - Shift < Callee->getNumParams()) {
+        QualType PT = Callee->getParamDecl(I - Shift)->getType();
+        if (PT->isRValueReferenceType())
+          U.Escapes = true;
+        if (PT->isReferenceType() && !PT->getPointeeType().isConstQualified())
+          U.Written = true;
+      }
+    }
+    bool Lib = isKnownLibrary(Callee);
+    for (unsigned I = 0; I < C->getNumArgs(); ++I)
+      if (peel(C->getArg(I)) == peel(cast<Expr>(Cur)) && !Lib) {
+        unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
+        if (I < Shift || mayWriteArg(Callee, I - Shift))
+          U.Written = true;
+      }
+    if (isa<CXXConstructorDecl>(Callee) && !Model.isTensorExpr(C))
+      U.Escapes = true;
+    if (Lib && Model.isTensorExpr(C) && !isInPlaceCall(C)) {
+      const sem::OpInfo *Op = sem::lookup(Callee->getIdentifier() ? Callee->getName() : "");
+      if (aliasing(Op)) {
+        Cur = P;
+        continue;
+      }
+    }
+    return;
+  }
+}
+
+LoopAnalysis::Use LoopAnalysis::usesOfTemporary(const Expr *E, const Stmt *Loop) {
+  Use U;
+  llvm::SmallVector<const VarDecl *, 4> Work;
+  useOfValue(E, Loop, U, Work);
+  // The temporary was bound to a handle after all: follow it.
+  llvm::DenseSet<const VarDecl *> Seen;
+  while (!Work.empty() && !U.Escapes) {
+    const VarDecl *V = Work.pop_back_val();
+    if (!Seen.insert(V).second)
+      continue;
+    Use W = usesOf(V, Loop);
+    U.Escapes |= W.Escapes;
+    U.Written |= W.Written;
+    U.Reassigned |= W.Reassigned;
+  }
+  return U;
+}
+
+LoopAnalysis::Use LoopAnalysis::usesOf(const VarDecl *V0, const Stmt *Loop) {
+  Use U;
+  if (Pinned.count(V0))
+    U.Escapes = true;
+  llvm::SmallVector<const VarDecl *, 4> Work{V0};
+  llvm::DenseSet<const VarDecl *> Seen;
+  while (!Work.empty() && !U.Escapes) {
+    const VarDecl *V = Work.pop_back_val();
+    if (!Seen.insert(V).second)
+      continue;
+    if (Pinned.count(V) || V->isStaticLocal()) {
+      U.Escapes = true;
+      break;
+    }
+    // Every use of V in the loop.
+    llvm::SmallVector<const Stmt *, 32> Todo{Loop};
+    while (!Todo.empty()) {
+      const Stmt *S = Todo.pop_back_val();
+      if (!S)
+        continue;
+      if (const auto *D = dyn_cast<DeclRefExpr>(S); D && D->getDecl() == V) {
+        if (D->refersToEnclosingVariableOrCapture()) {
+          U.Escapes = true;
+          continue;
+        }
+        // `V = ...` rebinds the handle.
+        DynTypedNodeList Ps = Ctx.getParents(*D);
+        if (!Ps.empty())
+          if (const auto *OC = Ps[0].get<CXXOperatorCallExpr>();
+              OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2 &&
+              peel(OC->getArg(0)) == D) {
+            U.Reassigned = true;
+            continue;
+          }
+        useOfValue(D, Loop, U, Work);
+        continue;
+      }
+      for (const Stmt *C : S->children())
+        Todo.push_back(C);
+    }
+  }
+  return U;
+}
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,79 @@
+// Loop-invariance analysis for one function (or lambda) body: which loop
+// encloses a statement, what a loop writes (directly, through views and
+// handle aliases, through non-const references, in place), whether an
+// expression has the same value on every iteration, and whether a value made
+// in an iteration escapes it. Conservative: when unsure, "varies"/"escapes".
+#pragma once
+
+#include "analysis/TensorModel.h"
+
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/Decl.h"
+#include "clang/AST/Stmt.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <memory>
+
+namespace clang::tidy::tensor {
+
+class LoopAnalysis {
+public:
+  LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const FunctionDecl *FD);
+
+  /// The innermost for/range-for/while/do whose body, condition or increment
+  /// contains S, without leaving the enclosing function or lambda.
+  static const Stmt *innermostLoop(const Stmt *S, ASTContext &Ctx);
+
+  /// E has the same value on every iteration of Loop.
+  bool isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth = 0);
+
+  /// V is declared inside Loop (its body, condition, increment or loop variable).
+  bool isDeclaredIn(const VarDecl *V, const Stmt *Loop) const;
+
+  struct Use {
+    bool Escapes = false;     // returned, stored outside the iteration, captured, moved
+    bool Written = false;     // written in place (or may be, by a call we cannot see)
+    bool Reassigned = false;  // the handle itself is rebound in the loop
+  };
+  /// How the value of V (declared in Loop) and its in-loop aliases are used in Loop.
+  Use usesOf(const VarDecl *V, const Stmt *Loop);
+  /// How a temporary tensor value E inside Loop is used: escape and in-place
+  /// writes through the chain of ops applied to it.
+  Use usesOfTemporary(const Expr *E, const Stmt *Loop);
+
+  /// The variables E may share storage with (views, handle copies, may-alias ops).
+  void basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *> &Out) const;
+
+private:
+  struct LoopFacts {
+    llvm::DenseSet<const VarDecl *> Written;
+    llvm::DenseSet<const FieldDecl *> WrittenFields;
+    bool Opaque = false;      // a call that may write storage we cannot see
+    bool ThisMutated = false; // a non-const method of *this, or this passed out
+  };
+  const LoopFacts &factsOf(const Stmt *Loop);
+  void collect(const Stmt *S, LoopFacts &F);
+  void markWritten(const Expr *E, LoopFacts &F);
+  bool classWritten(const VarDecl *V, const LoopFacts &F);
+  const VarDecl *root(const VarDecl *V);
+  void unite(const VarDecl *A, const VarDecl *B);
+  bool rootsForeign(const Expr *E) const;
+  void useOfValue(const Expr *E, const Stmt *Loop, Use &U,
+                  llvm::SmallVectorImpl<const VarDecl *> &Work);
+  bool isKnownLibrary(const FunctionDecl *FD) const;
+  /// A call of Callee may write (in place) the tensor passed as argument I:
+  /// true unless its body is visible and only reads it.
+  bool mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth = 0) const;
+
+  const TensorModel &Model;
+  ASTContext &Ctx;
+  const FunctionDecl *FD;
+  llvm::DenseMap<const VarDecl *, const VarDecl *> Parent;
+  llvm::DenseSet<const VarDecl *> Foreign;     // by class root, after prepare
+  llvm::DenseSet<const VarDecl *> ForeignVars; // before roots are known
+  llvm::DenseSet<const VarDecl *> Pinned;      // address taken, captured by reference
+  llvm::DenseMap<const Stmt *, std::unique_ptr<LoopFacts>> Loops;
+};
+
+} // namespace clang::tidy::tensor

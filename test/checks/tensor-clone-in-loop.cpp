@@ -1,0 +1,230 @@
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-clone-in-loop %t
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-clone-in-loop %t.plugin
+#include "tt/tt.h"
+
+#include <utility>
+#include <vector>
+
+using tt::Tensor;
+
+float use(const Tensor &t) { return t.sum().item<float>(); }
+void normalize(const Tensor &t); // may write t in place: we cannot see
+struct Optimizer {
+  void step();
+};
+
+// ---- flagged ------------------------------------------------------------------
+
+float neverWritten(const Tensor &mask, int n) {
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    auto m = mask.clone();
+    // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'clone' of loop-invariant 'mask' allocates and copies it on every iteration; it is never written: use 'mask' itself [tensor-clone-in-loop]
+    // CHECK-FIXES: auto m = mask;
+    s += use(m);
+  }
+  return s;
+}
+
+float writtenEachIteration(const Tensor &mask, int n) {
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    auto w = mask.clone();
+    // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'clone' of loop-invariant 'mask' allocates and copies it on every iteration; hoist one buffer out of the loop and 'copy_' into it [tensor-clone-in-loop]
+    w.mul_(2);
+    s += use(w);
+  }
+  // CHECK-FIXES: float s = 0;
+  // CHECK-FIXES-NEXT: auto w = mask.clone();
+  // CHECK-FIXES-NEXT: for (int i = 0; i < n; ++i) {
+  // CHECK-FIXES-NEXT: w.copy_(mask);
+  return s;
+}
+
+float temporary(const Tensor &mask, int n) {
+  Tensor acc = tt::zeros({4});
+  int j = 0;
+  while (j++ < n) {
+    acc = acc + mask.clone() * 2;
+    // CHECK-MESSAGES: :[[@LINE-1]]:22: warning: 'clone' of loop-invariant 'mask' allocates and copies it on every iteration; it is never written
+    // CHECK-FIXES: acc = acc + mask * 2;
+  }
+  return use(acc);
+}
+
+float convertEveryStep(const Tensor &x, int n) {
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    auto h = x.to(tt::kDouble);
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'to' of loop-invariant 'x' converts it again on every iteration (a copy, and a synchronising transfer for another device, whenever it changes dtype or device); hoist it out of the loop
+    s += use(h) * i;
+  }
+  // CHECK-FIXES: float s = 0;
+  // CHECK-FIXES-NEXT: auto h = x.to(tt::kDouble);
+  // CHECK-FIXES-NEXT: for (int i = 0; i < n; ++i) {
+  // CHECK-FIXES-NEXT: //
+  return s;
+}
+
+float toDevice(const Tensor &x, tt::Device dev, int n) {
+  float s = 0;
+  for (int i = 0; i < n; ++i)
+    s += use(x.to(dev));
+  // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'to' of loop-invariant 'x' converts it again on every iteration
+  return s;
+}
+
+float cudaAndCpu(const Tensor &x, int n) {
+  float s = 0;
+  do {
+    s += use(x.cuda());
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'cuda' of loop-invariant 'x' converts it again
+    s += use(x.cpu());
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'cpu' of loop-invariant 'x' converts it again
+  } while (--n > 0);
+  return s;
+}
+
+float contiguousOfTransposed(int n) {
+  auto t = tt::ones({32, 64}).t();
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    auto tc = t.contiguous();
+    // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: 'contiguous' of loop-invariant 't' copies the non-contiguous tensor on every iteration (8.0 KiB each time); hoist it out of the loop
+    s += use(tc);
+  }
+  return s;
+}
+
+float rangeFor(const std::vector<Tensor> &batches, const Tensor &mask) {
+  float s = 0;
+  for (const Tensor &b : batches) {
+    auto m = mask.clone();
+    // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'clone' of loop-invariant 'mask'
+    s += use(b * m);
+  }
+  return s;
+}
+
+float nested(const Tensor &w, int n) {
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    auto row = w.select(0, i);
+    for (int j = 0; j < n; ++j) {
+      auto r = row.clone();
+      // CHECK-MESSAGES: :[[@LINE-1]]:20: warning: 'clone' of loop-invariant 'row'
+      s += use(r);
+    }
+  }
+  return s;
+}
+
+float derivedInLoop(const Tensor &mask, int n) {
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    auto base = mask.view({-1});
+    auto c = base.clone();
+    // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'clone' of loop-invariant 'base'
+    s += use(c);
+  }
+  return s;
+}
+
+struct Layer {
+  Tensor mask_;
+  float run(int n) const {
+    float s = 0;
+    for (int i = 0; i < n; ++i)
+      s += use(mask_.clone());
+    // CHECK-MESSAGES: :[[@LINE-1]]:22: warning: 'clone' of loop-invariant 'mask_'
+    return s;
+  }
+};
+
+float inLambda(const Tensor &mask) {
+  auto f = [&mask](int n) {
+    float s = 0;
+    for (int i = 0; i < n; ++i)
+      s += use(mask.clone());
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'clone' of loop-invariant 'mask'
+    return s;
+  };
+  return f(3);
+}
+
+template <typename T> T templ(const Tensor &mask, int n) {
+  T s = 0;
+  for (int i = 0; i < n; ++i)
+    s += use(mask.clone());
+  // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'clone' of loop-invariant 'mask'
+  return s;
+}
+template float templ<float>(const Tensor &, int);
+
+#define COPY(t) (t).clone()
+float inMacro(const Tensor &mask, int n) {
+  float s = 0;
+  for (int i = 0; i < n; ++i)
+    s += use(COPY(mask));
+  // CHECK-MESSAGES: :[[@LINE-1]]:14: warning: 'clone' of a loop-invariant tensor allocates and copies it on every iteration; it is never written: use the tensor itself
+  return s;
+}
+
+// ---- not flagged ----------------------------------------------------------------
+
+struct Fake {
+  Fake clone() const;
+};
+
+Tensor negatives(Tensor x, const Tensor &mask, std::vector<Tensor> &kept, Optimizer &opt,
+                 const std::vector<tt::Device> &devices, Fake f, int n) {
+  Tensor last;
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    s += use(x[i].clone());                 // the source changes every iteration
+    kept.push_back(mask.clone());           // each copy is kept
+    auto k = mask.clone();
+    kept.emplace_back(std::move(k));        // kept, through a handle
+    last = mask.clone();                    // stored outside the loop
+    auto snap = x.clone();                  // a snapshot: x is written below
+    x.add_(1);
+    s += use(x - snap);
+    f.clone();                              // not a tensor
+    s += use(tt::randn({3}).clone());       // a new source every iteration
+    s += use(mask.contiguous());            // contiguous: no copy
+    s += use(x.to(devices[i]));             // the device changes
+    if (s > 100)
+      return mask.clone();                  // returned
+  }
+  auto v = x.view({-1});
+  for (int i = 0; i < n; ++i) {
+    s += use(x.clone());                    // written through the view v
+    v.mul_(2);
+  }
+  for (int i = 0; i < n; ++i) {
+    s += use(x.clone());                    // x is rebound in the loop
+    x = x * 2;
+  }
+  for (int i = 0; i < n; ++i) {
+    s += use(mask.clone());                 // mask may be written by code we cannot see
+    normalize(mask);
+  }
+  for (int i = 0; i < n; ++i) {
+    auto w = x.clone();                     // x is a parameter: opt.step() may write it
+    opt.step();
+    s += use(x - w);
+  }
+  auto g = [&] { x.add_(1); };
+  for (int i = 0; i < n; ++i) {
+    s += use(x.clone());                    // captured by reference
+    g();
+  }
+  for (int i = 0; i < n; ++i) {
+    auto later = [&] { return mask.clone(); }; // runs whenever the lambda does
+    s += use(later());
+  }
+  std::vector<std::pair<Tensor, int>> pairs;
+  for (int i = 0; i < n; ++i)
+    pairs.push_back({mask.clone(), i});     // kept inside another object
+  return last + s;
+}
