@@ -38,10 +38,12 @@ def main():
     p.add_argument("input")
     p.add_argument("checks")
     p.add_argument("temp")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    a = p.parse_args()
+    # Split on '--' ourselves: argparse swallows a leading '--', which made
+    # '-- -- <compiler args>' (no tool args) lose the compiler args.
+    argv = sys.argv[1:]
+    own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    a = p.parse_args(own)
 
-    rest = a.rest[1:] if a.rest and a.rest[0] == "--" else a.rest
     if "--" in rest:
         i = rest.index("--")
         tool_args, cc_args = rest[:i], rest[i + 1:]
