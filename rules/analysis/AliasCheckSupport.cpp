@@ -214,6 +214,9 @@ bool isFullStatement(const Expr *E, const Stmt *Body) { return findStatement(Bod
 std::optional<llvm::SmallVector<FixItHint, 2>> outOfPlaceFix(const WriteEvent &W, ASTContext &Ctx) {
   if (!W.Direct || W.Via || inMacro(W.Write->getSourceRange()))
     return std::nullopt;
+  // `b = b.add(1)` needs an assignable handle; a const one gets the clone fix.
+  if (W.RootDecl && W.RootDecl->getType().getNonReferenceType().isConstQualified())
+    return std::nullopt;
   const CXXRecordDecl *RD = recordOf(W.Target->getType());
   std::string Handle = text(W.Root, Ctx);
   if (!RD || Handle.empty())

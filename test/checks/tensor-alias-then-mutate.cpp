@@ -30,6 +30,16 @@ void compoundAssign(const Tensor &m) {
   use(a);
 }
 
+// A const handle cannot be reassigned: the fix clones at the alias instead.
+void constHandle() {
+  Tensor a = tt::ones({3});
+  const Tensor b = a;
+  // CHECK-FIXES: {{^}}  const Tensor b = a.clone();{{$}}
+  b.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'add_' on 'b' also changes 'a'
+  use(a);
+}
+
 // Several writes: one clone() where the alias is made.
 void normalizeTwice(const Tensor &mean, const Tensor &stdev) {
   Tensor a = tt::ones({3});
