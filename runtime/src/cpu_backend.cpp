@@ -464,7 +464,7 @@ void cpuUnary(UnaryOp op, const TensorDesc &out, const TensorDesc &in, const Una
     case UnaryOp::Exp: run([](A x) { return A(std::exp(x)); }); break;
     case UnaryOp::Log: run([](A x) { return A(std::log(x)); }); break;
     case UnaryOp::Sqrt: run([](A x) { return A(std::sqrt(x)); }); break;
-    case UnaryOp::Relu: run([](A x) { return x > A(0) ? x : A(0); }); break;
+    case UnaryOp::Relu: run([](A x) { return x > A(0) || x != x ? x : A(0); }); break; // NaN stays NaN
     case UnaryOp::Sigmoid: run([](A x) { return sigmoidOf(x); }); break;
     case UnaryOp::Tanh: run([](A x) { return A(std::tanh(x)); }); break;
     case UnaryOp::Reciprocal: run([](A x) { return A(A(1) / x); }); break;

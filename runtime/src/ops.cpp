@@ -851,7 +851,9 @@ Tensor &Tensor::pow_(const Tensor &e, SourceLocation loc) const {
   return binaryInplace(BinaryOp::Pow, "pow_", *this, tensorOperand(e), 1);
 }
 namespace {
-UnarySpec powSpec(const Scalar &e) {
+UnarySpec powSpec(const Tensor &self, const Scalar &e) {
+  if (isIntegralType(self.scalar_type(), /*include_bool=*/false) && !e.isFloatingPoint() && e.toLong() < 0)
+    fail("Integers to negative integer powers are not allowed.");
   UnarySpec s = spec(UnaryOp::PowScalar, "pow", "PowBackward0");
   s.params.p0 = scalarValue(e);
   s.params.has_p0 = true;
@@ -877,11 +879,11 @@ UnarySpec clampSpec(const std::optional<Scalar> &mn, const std::optional<Scalar>
 } // namespace
 Tensor Tensor::pow(const Scalar &e, SourceLocation loc) const {
   trace::Scope scope("pow", loc);
-  return unaryOp(powSpec(e), *this);
+  return unaryOp(powSpec(*this, e), *this);
 }
 Tensor &Tensor::pow_(const Scalar &e, SourceLocation loc) const {
   trace::Scope scope("pow_", loc);
-  UnarySpec s = powSpec(e);
+  UnarySpec s = powSpec(*this, e);
   s.name = "pow_";
   return unaryInplace(s, *this);
 }

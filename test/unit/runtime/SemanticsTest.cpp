@@ -163,8 +163,18 @@ TEST(Errors, PyTorchWording) {
             "unsupported operation: more than one element of the written-to tensor refers to a single memory "
             "location. Please clone() the tensor before performing the operation.");
   EXPECT_EQ(errorOf([] { tt::zeros({2}).item<float>(); }), "a Tensor with 2 elements cannot be converted to Scalar");
+  EXPECT_EQ(errorOf([] { tt::tensor({2, 3}).pow(-1); }), "Integers to negative integer powers are not allowed.");
   if (!tt::cuda::is_available())
     EXPECT_NE(errorOf([] { tt::zeros({2}, tt::kCUDA); }).find("CUDA"), std::string::npos);
+}
+
+TEST(Math, ReluKeepsNaN) {
+  tt::Tensor r = tt::tensor({std::nan(""), -1.0, 2.0}).relu();
+  const float *p = r.data_ptr<float>();
+  EXPECT_TRUE(std::isnan(p[0])); // as PyTorch: NaN propagates
+  EXPECT_EQ(p[1], 0.0f);
+  EXPECT_EQ(p[2], 2.0f);
+  EXPECT_EQ(tt::tensor({2, 3}).pow(2).sum().item<std::int64_t>(), 13);
 }
 
 TEST(Versions, BumpedByEveryInPlaceAndSharedByDetach) {
