@@ -515,7 +515,10 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
     }
     if (V->hasGlobalStorage() && !V->getType().isConstQualified())
       return false;
-    if (Model.isTensorType(V->getType()) && Foreign.count(root(V)) && F.Opaque)
+    // Storage reachable from outside (a parameter, a container of tensors):
+    // an opaque call (opt.step()) may write it.
+    if (!V->getType().getNonReferenceType()->isScalarType() &&
+        (Foreign.count(root(V)) || isa<ParmVarDecl>(V)) && F.Opaque)
       return false;
     return true;
   }

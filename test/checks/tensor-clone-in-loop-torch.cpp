@@ -1,0 +1,37 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-clone-in-loop %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-clone-in-loop %t.plugin -- --quiet -- %torch_include
+#include <torch/torch.h>
+#include <vector>
+
+float evaluate(const std::vector<torch::Tensor> &preds, const torch::Tensor &targets,
+               const torch::Tensor &input, torch::Device device) {
+  float total = 0;
+  for (const auto &pred : preds) {
+    auto target = targets.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:27: warning: 'to' of loop-invariant 'targets' converts it again on every iteration
+    auto mask = input.gt(0).clone();
+    // CHECK-MESSAGES: :[[@LINE-1]]:29: warning: 'clone' of loop-invariant 'input.gt(0)' allocates and copies it on every iteration; it is never written
+    // CHECK-FIXES: auto mask = input.gt(0);
+    total += torch::mse_loss(pred * mask, target).item<float>();
+  }
+  return total;
+}
+
+std::vector<torch::Tensor> negatives(torch::nn::Linear &model, torch::optim::SGD &opt,
+                                     const std::vector<torch::Tensor> &batches, int steps) {
+  std::vector<torch::Tensor> history;
+  for (int step = 0; step < steps; ++step) {
+    auto before = model->weight.clone();        // the weight changes in opt.step()
+    opt.step();
+    history.push_back(model->weight - before);
+  }
+  for (const auto &b : batches)
+    history.push_back(b.clone());               // the loop variable
+  for (int step = 0; step < steps; ++step) {
+    auto w = batches[0].clone();                // opt.step() may write what batches holds
+    opt.step();
+    history.push_back(w.sum());
+  }
+  return history;
+}
