@@ -11,13 +11,7 @@ using namespace clang::ast_matchers;
 namespace clang::tidy::tensor {
 
 AliasThenMutateCheck::AliasThenMutateCheck(StringRef Name, ClangTidyContext *Context)
-    : ClangTidyCheck(Name, Context),
-      TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
-      Model(TensorTypes) {}
-
-void AliasThenMutateCheck::storeOptions(ClangTidyOptions::OptionMap &Opts) {
-  Options.store(Opts, "TensorTypes", TensorTypes);
-}
+    : TensorCheck(Name, Context) {}
 
 void AliasThenMutateCheck::registerMatchers(MatchFinder *Finder) {
   registerBodyMatchers(Finder, this);

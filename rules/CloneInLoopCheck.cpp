@@ -11,13 +11,7 @@ using namespace clang::ast_matchers;
 namespace clang::tidy::tensor {
 
 CloneInLoopCheck::CloneInLoopCheck(StringRef Name, ClangTidyContext *Context)
-    : ClangTidyCheck(Name, Context),
-      TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
-      Model(TensorTypes) {}
-
-void CloneInLoopCheck::storeOptions(ClangTidyOptions::OptionMap &Opts) {
-  Options.store(Opts, "TensorTypes", TensorTypes);
-}
+    : TensorCheck(Name, Context) {}
 
 void CloneInLoopCheck::registerMatchers(MatchFinder *Finder) {
   Finder->addMatcher(

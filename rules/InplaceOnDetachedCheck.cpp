@@ -9,22 +9,14 @@ using namespace clang::ast_matchers;
 
 namespace clang::tidy::tensor {
 
-static bool boolOption(llvm::StringRef V) {
-  return !(V.equals_insensitive("false") || V == "0" || V.equals_insensitive("off"));
-}
-
 InplaceOnDetachedCheck::InplaceOnDetachedCheck(StringRef Name, ClangTidyContext *Context)
-    : ClangTidyCheck(Name, Context),
-      TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
-      IgnoreDirectChains(boolOption(Options.get("IgnoreDirectChains", "true"))),
-      IgnoreUnderNoGrad(boolOption(Options.get("IgnoreUnderNoGrad", "true"))), Model(TensorTypes) {}
+    : TensorCheck(Name, Context), IgnoreDirectChains(boolOption("IgnoreDirectChains", true)),
+      IgnoreUnderNoGrad(boolOption("IgnoreUnderNoGrad", true)) {}
 
 void InplaceOnDetachedCheck::storeOptions(ClangTidyOptions::OptionMap &Opts) {
-  Options.store(Opts, "TensorTypes", TensorTypes);
-  // Strings, not bools: the bool specialisations of OptionsView are not
-  // exported in a form GCC-built objects can link against.
-  Options.store(Opts, "IgnoreDirectChains", IgnoreDirectChains ? "true" : "false");
-  Options.store(Opts, "IgnoreUnderNoGrad", IgnoreUnderNoGrad ? "true" : "false");
+  TensorCheck::storeOptions(Opts);
+  storeBool(Opts, "IgnoreDirectChains", IgnoreDirectChains);
+  storeBool(Opts, "IgnoreUnderNoGrad", IgnoreUnderNoGrad);
 }
 
 void InplaceOnDetachedCheck::registerMatchers(MatchFinder *Finder) {

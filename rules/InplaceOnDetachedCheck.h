@@ -1,7 +1,6 @@
 #pragma once
 
-#include "ClangTidyCheck.h"
-#include "analysis/TensorModel.h"
+#include "analysis/TensorCheck.h"
 
 #include "llvm/ADT/DenseSet.h"
 
@@ -10,22 +9,17 @@ namespace clang::tidy::tensor {
 /// Flags an in-place write through a handle holding `detach()` (or LibTorch's
 /// `data()` / `variable_data()`) of a tensor that is used later or escapes.
 /// Docs: docs/checks/tensor-inplace-on-detached.md
-class InplaceOnDetachedCheck : public ClangTidyCheck {
+class InplaceOnDetachedCheck : public TensorCheck {
 public:
   InplaceOnDetachedCheck(StringRef Name, ClangTidyContext *Context);
   void storeOptions(ClangTidyOptions::OptionMap &Opts) override;
   void registerMatchers(ast_matchers::MatchFinder *Finder) override;
   void check(const ast_matchers::MatchFinder::MatchResult &Result) override;
   void onEndOfTranslationUnit() override;
-  bool isLanguageVersionSupported(const LangOptions &LangOpts) const override {
-    return LangOpts.CPlusPlus;
-  }
 
 private:
-  const std::string TensorTypes;
   const bool IgnoreDirectChains;
   const bool IgnoreUnderNoGrad;
-  const TensorModel Model;
   llvm::DenseSet<SourceLocation> Reported;
 };
 

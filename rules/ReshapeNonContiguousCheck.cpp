@@ -8,13 +8,7 @@ using namespace clang::ast_matchers;
 namespace clang::tidy::tensor {
 
 ReshapeNonContiguousCheck::ReshapeNonContiguousCheck(StringRef Name, ClangTidyContext *Context)
-    : ClangTidyCheck(Name, Context),
-      TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
-      Model(TensorTypes) {}
-
-void ReshapeNonContiguousCheck::storeOptions(ClangTidyOptions::OptionMap &Opts) {
-  Options.store(Opts, "TensorTypes", TensorTypes);
-}
+    : TensorCheck(Name, Context) {}
 
 void ReshapeNonContiguousCheck::registerMatchers(MatchFinder *Finder) {
   // Member calls and the free functions (torch::reshape(x, ...), torch::flatten(x)).

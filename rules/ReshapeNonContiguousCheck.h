@@ -1,8 +1,7 @@
 #pragma once
 
-#include "ClangTidyCheck.h"
+#include "analysis/TensorCheck.h"
 #include "analysis/LayoutAnalysis.h"
-#include "analysis/TensorModel.h"
 
 #include "llvm/ADT/DenseSet.h"
 
@@ -10,23 +9,17 @@ namespace clang::tidy::tensor {
 
 /// reshape/flatten of a non-contiguous tensor that cannot be a view: a silent full copy
 /// Docs: docs/checks/tensor-reshape-non-contiguous.md
-class ReshapeNonContiguousCheck : public ClangTidyCheck {
+class ReshapeNonContiguousCheck : public TensorCheck {
 public:
   ReshapeNonContiguousCheck(StringRef Name, ClangTidyContext *Context);
-  void storeOptions(ClangTidyOptions::OptionMap &Opts) override;
   void registerMatchers(ast_matchers::MatchFinder *Finder) override;
   void check(const ast_matchers::MatchFinder::MatchResult &Result) override;
   void onEndOfTranslationUnit() override {
     Layouts.clear();
     Reported.clear();
   }
-  bool isLanguageVersionSupported(const LangOptions &LangOpts) const override {
-    return LangOpts.CPlusPlus;
-  }
 
 private:
-  const std::string TensorTypes;
-  const TensorModel Model;
   LayoutCache Layouts{Model};
   llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
 };

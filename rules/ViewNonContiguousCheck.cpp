@@ -8,14 +8,11 @@ using namespace clang::ast_matchers;
 namespace clang::tidy::tensor {
 
 ViewNonContiguousCheck::ViewNonContiguousCheck(StringRef Name, ClangTidyContext *Context)
-    : ClangTidyCheck(Name, Context),
-      TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
-      Model(TensorTypes), UnprovenAsError(llvm::StringRef(Options.get("UnprovenAsError", "true"))
-                                          .equals_insensitive("true")) {}
+    : TensorCheck(Name, Context), UnprovenAsError(boolOption("UnprovenAsError", true)) {}
 
 void ViewNonContiguousCheck::storeOptions(ClangTidyOptions::OptionMap &Opts) {
-  Options.store(Opts, "TensorTypes", TensorTypes);
-  Options.store(Opts, "UnprovenAsError", UnprovenAsError ? "true" : "false");
+  TensorCheck::storeOptions(Opts);
+  storeBool(Opts, "UnprovenAsError", UnprovenAsError);
 }
 
 void ViewNonContiguousCheck::registerMatchers(MatchFinder *Finder) {

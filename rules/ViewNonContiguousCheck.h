@@ -1,8 +1,7 @@
 #pragma once
 
-#include "ClangTidyCheck.h"
+#include "analysis/TensorCheck.h"
 #include "analysis/LayoutAnalysis.h"
-#include "analysis/TensorModel.h"
 
 #include "llvm/ADT/DenseSet.h"
 
@@ -11,7 +10,7 @@ namespace clang::tidy::tensor {
 /// Flags `view()`/`view_as()` on a non-contiguous tensor whose layout cannot be
 /// viewed with the new shape: a run-time error.
 /// Docs: docs/checks/tensor-view-non-contiguous.md
-class ViewNonContiguousCheck : public ClangTidyCheck {
+class ViewNonContiguousCheck : public TensorCheck {
 public:
   ViewNonContiguousCheck(StringRef Name, ClangTidyContext *Context);
   void storeOptions(ClangTidyOptions::OptionMap &Opts) override;
@@ -21,13 +20,8 @@ public:
     Layouts.clear();
     Reported.clear();
   }
-  bool isLanguageVersionSupported(const LangOptions &LangOpts) const override {
-    return LangOpts.CPlusPlus;
-  }
 
 private:
-  const std::string TensorTypes;
-  const TensorModel Model;
   // Layouts that throw for every size > 1 (run-time sizes): error or warning.
   const bool UnprovenAsError;
   LayoutCache Layouts{Model};

@@ -68,26 +68,17 @@ def main():
 
 HEADER = """#pragma once
 
-#include "ClangTidyCheck.h"
-#include "analysis/TensorModel.h"
+#include "analysis/TensorCheck.h"
 
 namespace clang::tidy::tensor {
 
 /// @DESC@
 /// Docs: docs/checks/@CHECK@.md
-class @CLASS@ : public ClangTidyCheck {
+class @CLASS@ : public TensorCheck {
 public:
   @CLASS@(StringRef Name, ClangTidyContext *Context);
-  void storeOptions(ClangTidyOptions::OptionMap &Opts) override;
   void registerMatchers(ast_matchers::MatchFinder *Finder) override;
   void check(const ast_matchers::MatchFinder::MatchResult &Result) override;
-  bool isLanguageVersionSupported(const LangOptions &LangOpts) const override {
-    return LangOpts.CPlusPlus;
-  }
-
-private:
-  const std::string TensorTypes;
-  const TensorModel Model;
 };
 
 } // namespace clang::tidy::tensor
@@ -102,13 +93,7 @@ using namespace clang::ast_matchers;
 namespace clang::tidy::tensor {
 
 @CLASS@::@CLASS@(StringRef Name, ClangTidyContext *Context)
-    : ClangTidyCheck(Name, Context),
-      TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
-      Model(TensorTypes) {}
-
-void @CLASS@::storeOptions(ClangTidyOptions::OptionMap &Opts) {
-  Options.store(Opts, "TensorTypes", TensorTypes);
-}
+    : TensorCheck(Name, Context) {}
 
 void @CLASS@::registerMatchers(MatchFinder *Finder) {
   // FIXME: match the hazard.
