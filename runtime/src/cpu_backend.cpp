@@ -356,7 +356,10 @@ template <typename T> void transpose2d(char *dst, const char *src, std::int64_t 
   const std::int64_t rowBlocks = (rows + B - 1) / B;
   parallelFor(rowBlocks * std::max<std::int64_t>(cols, 1), [&](std::int64_t b, std::int64_t e) {
     alignas(64) T buf[B * B];
-    std::int64_t rb0 = b / std::max<std::int64_t>(cols, 1), rb1 = (e + cols - 1) / std::max<std::int64_t>(cols, 1);
+    // A row block belongs to the chunk holding its first index: chunks that
+    // split a block must not both write it.
+    const std::int64_t cols1 = std::max<std::int64_t>(cols, 1);
+    std::int64_t rb0 = (b + cols1 - 1) / cols1, rb1 = (e + cols1 - 1) / cols1;
     for (std::int64_t rbk = rb0; rbk < std::min(rb1, rowBlocks); ++rbk) {
       std::int64_t R = rbk * B, nr = std::min(B, rows - R);
       for (std::int64_t C = 0; C < cols; C += B) {
