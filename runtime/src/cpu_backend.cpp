@@ -877,24 +877,21 @@ void gemmBlas(std::int64_t M, std::int64_t N, std::int64_t K, const T *a, std::i
   CBLAS_TRANSPOSE ta, tb;
   std::int64_t lda, ldb;
   std::vector<T> ta_buf, tb_buf, tc_buf;
-  if (!blasLayout(M, K, sa0, sa1, ta, lda)) {
-    ta_buf.resize(static_cast<std::size_t>(M * K));
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t k = 0; k < K; ++k)
-        ta_buf[i * K + k] = a[i * sa0 + k * sa1];
-    a = ta_buf.data();
-    ta = CblasNoTrans;
-    lda = std::max<std::int64_t>(1, K);
-  }
-  if (!blasLayout(K, N, sb0, sb1, tb, ldb)) {
-    tb_buf.resize(static_cast<std::size_t>(K * N));
-    for (std::int64_t k = 0; k < K; ++k)
-      for (std::int64_t j = 0; j < N; ++j)
-        tb_buf[k * N + j] = b[k * sb0 + j * sb1];
-    b = tb_buf.data();
-    tb = CblasNoTrans;
-    ldb = std::max<std::int64_t>(1, N);
-  }
+  // An operand BLAS cannot address (neither dim unit-strided) is packed dense.
+  auto operand = [](std::int64_t rows, std::int64_t cols, const T *&p, std::int64_t s0, std::int64_t s1,
+                    CBLAS_TRANSPOSE &trans, std::int64_t &ld, std::vector<T> &buf) {
+    if (blasLayout(rows, cols, s0, s1, trans, ld))
+      return;
+    buf.resize(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j)
+        buf[i * cols + j] = p[i * s0 + j * s1];
+    p = buf.data();
+    trans = CblasNoTrans;
+    ld = std::max<std::int64_t>(1, cols);
+  };
+  operand(M, K, a, sa0, sa1, ta, lda, ta_buf);
+  operand(K, N, b, sb0, sb1, tb, ldb, tb_buf);
   bool direct = sc1 == 1 && sc0 >= std::max<std::int64_t>(1, N);
   T *cc = c;
   std::int64_t ldc = sc0;
