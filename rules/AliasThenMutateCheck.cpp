@@ -1,6 +1,6 @@
 #include "AliasThenMutateCheck.h"
 
-#include "analysis/AliasAnalysis.h"
+#include "analysis/AnalysisManager.h"
 #include "analysis/AliasCheckSupport.h"
 
 #include "clang/AST/ExprCXX.h"
@@ -18,7 +18,7 @@ void AliasThenMutateCheck::registerMatchers(MatchFinder *Finder) {
 }
 
 void AliasThenMutateCheck::onEndOfTranslationUnit() {
-  releaseAliasAnalysis();
+  AnalysisManager::release();
   Reported.clear();
 }
 
@@ -39,7 +39,7 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
   if (!FD)
     return;
   ASTContext &Ctx = *Result.Context;
-  const FunctionAliasResult *R = aliasAnalysisFor(Model, Ctx).analyze(FD);
+  const FunctionAliasResult *R = AnalysisManager::get(Model, Ctx).alias().analyze(FD);
   if (!R)
     return;
 

@@ -74,123 +74,143 @@ bool nameUsedElsewhere(const FunctionDecl *FD, const VarDecl *V) {
   return F.Found;
 }
 
+// The range of a declaration, with its whole line when it stands alone on it.
+CharSourceRange wholeLines(const DeclStmt *DS, const SourceManager &SM) {
+  SourceLocation B = DS->getBeginLoc(), E = DS->getEndLoc();
+  std::pair<FileID, unsigned> BI = SM.getDecomposedLoc(B), EI = SM.getDecomposedLoc(E);
+  StringRef Buf = SM.getBufferData(BI.first);
+  unsigned LineStart = Buf.rfind('\n', BI.second) + 1;
+  unsigned LineEnd = Buf.find('\n', EI.second);
+  if (Buf.slice(LineStart, BI.second).trim().empty() && LineEnd != StringRef::npos &&
+      Buf.slice(EI.second + 1, LineEnd).trim().empty())
+    return CharSourceRange::getCharRange(B.getLocWithOffset(-(int)(BI.second - LineStart)),
+                                         E.getLocWithOffset(LineEnd - EI.second + 1));
+  return CharSourceRange::getTokenRange(DS->getSourceRange());
+}
+
+// ", 80 bytes each time" -> " (80 bytes each time)".
+std::string wrap(const std::string &Each) {
+  return Each.empty() ? "" : " (" + Each.substr(2) + ")";
+}
+
 } // namespace
 
-void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
-  const auto *Call = Result.Nodes.getNodeAs<CXXMemberCallExpr>("copy");
-  ASTContext &Ctx = *Result.Context;
-  const SourceManager &SM = *Result.SourceManager;
-  if (!Call || !Call->getMethodDecl())
-    return;
-  const Expr *Src = Call->getImplicitObjectArgument();
-  if (!Src || !Model.isTensorExpr(Src) || !Model.isTensorExpr(Call))
-    return;
-  const Stmt *Loop = LoopAnalysis::innermostLoop(Call, Ctx);
-  const FunctionDecl *FD = Loop ? enclosingFunction(Call, Ctx) : nullptr;
-  if (!FD || !FD->hasBody())
-    return;
-  auto &LAp = Loops[FD];
-  if (!LAp)
-    LAp = std::make_unique<LoopAnalysis>(Model, Ctx, FD);
-  LoopAnalysis &LA = *LAp;
-  if (!LA.isInvariant(Src, Loop))
-    return;
-  for (const Expr *A : Call->arguments())
-    if (!LA.isInvariant(A, Loop))
-      return;
+// The fix-its: use the source itself, or hoist the declaration out of the
+// loop (and copy_ into it when the loop writes it).
+static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call, const Stmt *Loop,
+                                                  LoopAnalysis &LA, const LoopAnalysis::Use &U,
+                                                  StringRef SrcText, ASTContext &Ctx) {
+  llvm::SmallVector<FixItHint, 3> Fixes;
+  bool IsClone = Call->getMethodDecl()->getName() == "clone";
+  if (Call->getBeginLoc().isMacroID() || Call->getEndLoc().isMacroID() ||
+      Loop->getBeginLoc().isMacroID() || inTemplateInstantiation(Call, Ctx) || SrcText.empty())
+    return Fixes;
+  if (IsClone && !U.Written) {
+    // The copy is only read, and its source does not change in the loop.
+    Fixes.push_back(FixItHint::CreateReplacement(Call->getSourceRange(), SrcText));
+    return Fixes;
+  }
+  const VarDecl *V = initialisedVar(Call, Ctx);
+  const DeclStmt *DS = nullptr;
+  if (V && LA.isDeclaredIn(V, Loop)) {
+    DynTypedNodeList Ps = Ctx.getParents(*V);
+    DS = Ps.empty() ? nullptr : Ps[0].get<DeclStmt>();
+  }
+  const FunctionDecl *FD = enclosingFunction(Call, Ctx);
+  if (!DS || !DS->isSingleDecl() || U.Reassigned || V->getType().isConstQualified() ||
+      !onlyOuterNames(Call, Loop, LA) || nameUsedElsewhere(FD, V))
+    return Fixes;
+  const SourceManager &SM = Ctx.getSourceManager();
+  DynTypedNodeList LP = Ctx.getParents(*Loop);
+  StringRef DeclText = Lexer::getSourceText(CharSourceRange::getTokenRange(DS->getSourceRange()),
+                                            SM, Ctx.getLangOpts());
+  if (LP.empty() || !LP[0].get<CompoundStmt>() || DeclText.empty())
+    return Fixes;
+  std::string Indent = Lexer::getIndentationForLine(Loop->getBeginLoc(), SM).str();
+  Fixes.push_back(FixItHint::CreateInsertion(Loop->getBeginLoc(), DeclText.str() + "\n" + Indent));
+  if (U.Written)
+    Fixes.push_back(FixItHint::CreateReplacement(DS->getSourceRange(),
+                                                 V->getName().str() + ".copy_(" + SrcText.str() + ");"));
+  else
+    Fixes.push_back(FixItHint::CreateRemoval(wholeLines(DS, SM)));
+  return Fixes;
+}
 
+// Whether the call copies on every iteration: a clone always does; the
+// may-alias ops only when the facts at the call say they copy (contiguous()
+// of a contiguous tensor, cpu() of a CPU tensor, to() of what it already is
+// return the tensor itself).
+static bool copiesEachTime(const CXXMemberCallExpr *Call, const LayoutAnalysis *Lay) {
+  if (Call->getMethodDecl()->getName() == "clone")
+    return true;
+  const ConversionQuery *Q = Lay ? Lay->conversionOf(Call) : nullptr;
+  return Q && Q->Result == ConversionQuery::Copies;
+}
+
+// "converts it again on every iteration (...)" for to/cpu/cuda/type_as.
+static std::string conversionText(const ConversionQuery *Q, const std::string &Each,
+                                  const TensorFact *Fact) {
+  std::string Assumed;
+  if (Q && Q->Assumed && Fact && !Fact->KindSource.empty())
+    Assumed = "; assuming " + Fact->KindSource + " is a float32 CPU tensor, as nearly all are";
+  if (Q && Q->Transfer)
+    return " copies it to another device again on every iteration (a synchronising transfer" +
+           Each + Assumed + "); ";
+  return " converts it again on every iteration (a copy" + Each + Assumed + "); ";
+}
+
+std::string CloneInLoopCheck::message(const CXXMemberCallExpr *Call, StringRef SrcText,
+                                      const LoopAnalysis::Use &U, const LayoutAnalysis *Lay) const {
   StringRef Name = Call->getMethodDecl()->getName();
-  const LayoutAnalysis *Lay = Layouts.forExpr(Call, Ctx);
-  const TensorFact *Fact = Lay ? Lay->factOf(Src) : nullptr;
-  // contiguous() of a contiguous tensor returns it: no copy.
-  if (Name == "contiguous" && (!Fact || Fact->Contig != TensorFact::No))
-    return;
-
-  LoopAnalysis::Use U = LA.usesOfTemporary(Call, Loop);
-  if (U.Escapes)
-    return;
-  const auto *ME = dyn_cast<MemberExpr>(Call->getCallee());
-  if (!ME || !Reported.insert(ME->getMemberLoc()).second)
-    return;
-
-  const LangOptions &LO = getLangOpts();
-  CharSourceRange SrcRange = CharSourceRange::getTokenRange(Src->getSourceRange());
-  StringRef SrcText = Lexer::getSourceText(SrcRange, SM, LO);
+  const TensorFact *Fact = Lay ? Lay->factOf(Call->getImplicitObjectArgument()) : nullptr;
   bool Named = SrcText.size() <= 40 && !SrcText.empty();
   std::string Shown = Named ? "'" + SrcText.str() + "'" : "the tensor";
   std::string Each;
-  if (Fact && Fact->Sizes && Fact->ElemSize &&
-      llvm::all_of(*Fact->Sizes, [](const Mono &M) { return M.isConst(); })) {
-    std::int64_t N = Fact->ElemSize;
-    for (const Mono &M : *Fact->Sizes)
-      N *= M.Num;
-    Each = " (" + LayoutAnalysis::formatBytes(N) + " each time)";
-  }
+  if (auto Bytes = Fact ? LayoutAnalysis::bytesOf(*Fact) : std::nullopt)
+    Each = ", " + LayoutAnalysis::formatBytes(*Bytes) + " each time";
   bool IsClone = Name == "clone";
   std::string Msg = "'" + Name.str() + "' of " +
                     (Named ? "loop-invariant " + Shown : std::string("a loop-invariant tensor"));
   if (IsClone)
-    Msg += " allocates and copies it on every iteration" + Each + "; ";
+    Msg += " allocates and copies it on every iteration" + wrap(Each) + "; ";
   else if (Name == "contiguous")
-    Msg += " copies the non-contiguous tensor on every iteration" + Each + "; ";
+    Msg += " copies the non-contiguous tensor on every iteration" + wrap(Each) + "; ";
   else
-    Msg += " converts it again on every iteration (a copy" + Each +
-           ", and a synchronising transfer for another device, whenever it changes dtype or "
-           "device); ";
+    Msg += conversionText(Lay ? Lay->conversionOf(Call) : nullptr, Each, Fact);
   if (IsClone && !U.Written)
     Msg += "it is never written: use " + Shown + " itself";
   else if (U.Written)
     Msg += "hoist one buffer out of the loop and 'copy_' into it";
   else
     Msg += "hoist it out of the loop";
+  return Msg;
+}
 
-  // Fix-its.
-  llvm::SmallVector<FixItHint, 3> Fixes;
-  bool Macro = Call->getBeginLoc().isMacroID() || Call->getEndLoc().isMacroID() ||
-               Loop->getBeginLoc().isMacroID() || inTemplateInstantiation(Call, Ctx);
-  const VarDecl *V = initialisedVar(Call, Ctx);
-  const DeclStmt *DS = nullptr;
-  if (V && LA.isDeclaredIn(V, Loop)) {
-    DynTypedNodeList Ps = Ctx.getParents(*V);
-    DS = Ps.empty() ? nullptr : Ps[0].get<DeclStmt>();
-    if (DS && !DS->isSingleDecl())
-      DS = nullptr;
-  }
-  if (!Macro && IsClone && !U.Written && !SrcText.empty()) {
-    // The copy is only read, and its source does not change in the loop.
-    Fixes.push_back(FixItHint::CreateReplacement(Call->getSourceRange(), SrcText));
-  } else if (!Macro && DS && !U.Reassigned && !V->getType().isConstQualified() &&
-             onlyOuterNames(Call, Loop, LA) && !nameUsedElsewhere(FD, V) && !SrcText.empty()) {
-    DynTypedNodeList LP = Ctx.getParents(*Loop);
-    bool InBlock = !LP.empty() && LP[0].get<CompoundStmt>();
-    StringRef DeclText = Lexer::getSourceText(
-        CharSourceRange::getTokenRange(DS->getSourceRange()), SM, LO);
-    if (InBlock && !DeclText.empty()) {
-      std::string Indent = Lexer::getIndentationForLine(Loop->getBeginLoc(), SM).str();
-      Fixes.push_back(
-          FixItHint::CreateInsertion(Loop->getBeginLoc(), DeclText.str() + "\n" + Indent));
-      if (U.Written) {
-        Fixes.push_back(FixItHint::CreateReplacement(
-            DS->getSourceRange(), V->getName().str() + ".copy_(" + SrcText.str() + ");"));
-      } else {
-        // Remove the whole line when the declaration is alone on it.
-        SourceLocation B = DS->getBeginLoc(), E = DS->getEndLoc();
-        std::pair<FileID, unsigned> BI = SM.getDecomposedLoc(B), EI = SM.getDecomposedLoc(E);
-        StringRef Buf = SM.getBufferData(BI.first);
-        unsigned LineStart = Buf.rfind('\n', BI.second) + 1;
-        unsigned LineEnd = Buf.find('\n', EI.second);
-        if (Buf.slice(LineStart, BI.second).trim().empty() && LineEnd != StringRef::npos &&
-            Buf.slice(EI.second + 1, LineEnd).trim().empty())
-          Fixes.push_back(FixItHint::CreateRemoval(CharSourceRange::getCharRange(
-              B.getLocWithOffset(-(int)(BI.second - LineStart)),
-              E.getLocWithOffset(LineEnd - EI.second + 1))));
-        else
-          Fixes.push_back(FixItHint::CreateRemoval(DS->getSourceRange()));
-      }
-    }
-  }
-  auto D = diag(ME->getMemberLoc(), Msg);
-  for (const FixItHint &F : Fixes)
+void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
+  const auto *Call = Result.Nodes.getNodeAs<CXXMemberCallExpr>("copy");
+  ASTContext &Ctx = *Result.Context;
+  if (!Call || !Call->getMethodDecl())
+    return;
+  const Expr *Src = Call->getImplicitObjectArgument();
+  if (!Src || !Model.isTensorExpr(Src) || !Model.isTensorExpr(Call))
+    return;
+  const Stmt *Loop = LoopAnalysis::innermostLoop(Call, Ctx);
+  AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
+  LoopAnalysis *LA = Loop ? AM.loopsAt(Call) : nullptr;
+  if (!LA || !LA->isInvariant(Src, Loop) ||
+      !llvm::all_of(Call->arguments(), [&](const Expr *A) { return LA->isInvariant(A, Loop); }))
+    return;
+  const LayoutAnalysis *Lay = AM.layoutAt(Call);
+  if (!copiesEachTime(Call, Lay))
+    return;
+  LoopAnalysis::Use U = LA->usesOfTemporary(Call, Loop);
+  const auto *ME = dyn_cast<MemberExpr>(Call->getCallee());
+  if (U.Escapes || !ME || !Reported.insert(ME->getMemberLoc()).second)
+    return;
+  StringRef SrcText = Lexer::getSourceText(CharSourceRange::getTokenRange(Src->getSourceRange()),
+                                           *Result.SourceManager, getLangOpts());
+  auto D = diag(ME->getMemberLoc(), message(Call, SrcText, U, Lay));
+  for (const FixItHint &F : hoistFixes(Call, Loop, *LA, U, SrcText, Ctx))
     D << F;
 }
 

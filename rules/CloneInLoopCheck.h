@@ -1,8 +1,7 @@
 #pragma once
 
 #include "analysis/TensorCheck.h"
-#include "analysis/LayoutAnalysis.h"
-#include "analysis/LoopAnalysis.h"
+#include "analysis/AnalysisManager.h"
 
 #include "llvm/ADT/DenseSet.h"
 
@@ -16,14 +15,13 @@ public:
   void registerMatchers(ast_matchers::MatchFinder *Finder) override;
   void check(const ast_matchers::MatchFinder::MatchResult &Result) override;
   void onEndOfTranslationUnit() override {
-    Layouts.clear();
-    Loops.clear();
+    AnalysisManager::release();
     Reported.clear();
   }
 
 private:
-  LayoutCache Layouts{Model};
-  llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
+  std::string message(const CXXMemberCallExpr *Call, StringRef SrcText,
+                      const LoopAnalysis::Use &U, const LayoutAnalysis *Lay) const;
   llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
 };
 

@@ -1,6 +1,6 @@
 #include "InplaceOnDetachedCheck.h"
 
-#include "analysis/AliasAnalysis.h"
+#include "analysis/AnalysisManager.h"
 #include "analysis/AliasCheckSupport.h"
 
 #include "clang/AST/ExprCXX.h"
@@ -24,7 +24,7 @@ void InplaceOnDetachedCheck::registerMatchers(MatchFinder *Finder) {
 }
 
 void InplaceOnDetachedCheck::onEndOfTranslationUnit() {
-  releaseAliasAnalysis();
+  AnalysisManager::release();
   Reported.clear();
 }
 
@@ -33,7 +33,7 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
   if (!FD)
     return;
   ASTContext &Ctx = *Result.Context;
-  const FunctionAliasResult *R = aliasAnalysisFor(Model, Ctx).analyze(FD);
+  const FunctionAliasResult *R = AnalysisManager::get(Model, Ctx).alias().analyze(FD);
   if (!R)
     return;
   for (const WriteEvent &W : R->Writes) {

@@ -22,11 +22,9 @@ void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *Call = Result.Nodes.getNodeAs<CallExpr>("call");
   if (!Call || !Model.opOf(Call))
     return;
-  const LayoutAnalysis *LA = Layouts.forExpr(Call, *Result.Context);
+  const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Call);
   const ViewQuery *Q = LA ? LA->queryOf(Call) : nullptr;
-  // A performance hint: only when the rank is known (not for a flatten of a
-  // transpose of a tensor we know nothing about).
-  if (!Q || Q->Result != ViewQuery::NotViewable || !Q->Input.Sizes)
+  if (!Q || Q->Result != ViewQuery::NotViewable)
     return;
   const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
   const auto *ME = MC ? dyn_cast<MemberExpr>(MC->getCallee()) : nullptr;
@@ -45,7 +43,8 @@ void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   if (Q->Certain)
     Msg += "the new shape cannot be a view of its strides";
   else
-    Msg += "the new shape cannot be a view unless the dimensions it merges have size 1";
+    Msg += "the new shape cannot be a view unless the dimensions it merges have size 1" +
+           LayoutAnalysis::assumption(Q->Input);
   Msg += "; make the copy explicit with '.contiguous()";
   Msg += Name == "reshape" ? ".view(...)'" : "." + Name + "(...)'";
   {

@@ -1,7 +1,7 @@
 #pragma once
 
 #include "analysis/TensorCheck.h"
-#include "analysis/LayoutAnalysis.h"
+#include "analysis/AnalysisManager.h"
 
 #include "llvm/ADT/DenseSet.h"
 
@@ -15,12 +15,11 @@ public:
   void registerMatchers(ast_matchers::MatchFinder *Finder) override;
   void check(const ast_matchers::MatchFinder::MatchResult &Result) override;
   void onEndOfTranslationUnit() override {
-    Layouts.clear();
+    AnalysisManager::release();
     Reported.clear();
   }
 
 private:
-  LayoutCache Layouts{Model};
   llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
 };
 

@@ -22,11 +22,19 @@ void ViewNonContiguousCheck::registerMatchers(MatchFinder *Finder) {
                      this);
 }
 
+// An error when the code shows the layout (sizes may be run-time values, see
+// UnprovenAsError); a warning when it rests on an input taken as contiguous.
+DiagnosticIDs::Level ViewNonContiguousCheck::severity(const ViewQuery &Q) const {
+  if (Q.Certain || (UnprovenAsError && !Q.Input.Assumed))
+    return DiagnosticIDs::Error;
+  return DiagnosticIDs::Warning;
+}
+
 void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *View = Result.Nodes.getNodeAs<CXXMemberCallExpr>("view");
   if (!View || !Model.isTensorExpr(View->getImplicitObjectArgument()))
     return;
-  const LayoutAnalysis *LA = Layouts.forExpr(View, *Result.Context);
+  const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(View);
   const ViewQuery *Q = LA ? LA->queryOf(View) : nullptr;
   if (!Q || Q->Result != ViewQuery::NotViewable)
     return;
@@ -48,7 +56,8 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
       Msg += ": sizes " + Sz + " with strides " + St + " cannot be viewed as " +
              LayoutAnalysis::formatShape(*Q->NewSizes);
   } else {
-    Msg += " throws at run time unless the dimensions it merges have size 1";
+    Msg += " throws at run time unless the dimensions it merges have size 1" +
+           LayoutAnalysis::assumption(Q->Input);
   }
   Msg += " ('view size is not compatible with input tensor's size and stride'); ";
   // When the layout is known, reshape would copy for certain: make that copy
@@ -60,7 +69,7 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
                  "'.contiguous()." + Name + "(...)'";
   {
     auto D = diag(ME->getMemberLoc(), Msg,
-                  Q->Certain || UnprovenAsError ? DiagnosticIDs::Error : DiagnosticIDs::Warning);
+                  severity(*Q));
     if (!ME->getMemberLoc().isMacroID() && !ME->isArrow() &&
         !inTemplateInstantiation(View, *Result.Context))
       D << (Known ? FixItHint::CreateInsertion(ME->getMemberLoc(), "contiguous().")

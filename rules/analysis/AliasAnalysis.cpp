@@ -1,5 +1,7 @@
 #include "analysis/AliasAnalysis.h"
 
+#include "analysis/AstHelpers.h"
+
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
@@ -56,42 +58,6 @@ bool mergeInto(State &Into, const State &From) {
       Changed |= addToSet(It->second, N);
   }
   return Changed;
-}
-
-// Strips what does not change which handle an expression denotes: implicit
-// casts, temporaries, parentheses, copy/move construction.
-const Expr *strip(const Expr *E) {
-  while (E) {
-    const Expr *Prev = E;
-    E = E->IgnoreParenImpCasts();
-    if (const auto *B = dyn_cast<CXXBindTemporaryExpr>(E))
-      E = B->getSubExpr();
-    else if (const auto *F = dyn_cast<CXXFunctionalCastExpr>(E))
-      E = F->getSubExpr();
-    else if (const auto *C = dyn_cast<CXXConstructExpr>(E)) {
-      const CXXConstructorDecl *Ctor = C->getConstructor();
-      if (Ctor && Ctor->isCopyOrMoveConstructor() && C->getNumArgs() >= 1)
-        E = C->getArg(0);
-    }
-    if (E == Prev)
-      break;
-  }
-  return E;
-}
-
-bool isStdMoveLike(const CallExpr *Call) {
-  const auto *FD = Call->getDirectCallee();
-  return FD && FD->getIdentifier() && FD->isInStdNamespace() && Call->getNumArgs() == 1 &&
-         (FD->getName() == "move" || FD->getName() == "forward");
-}
-
-bool isInNamespace(const Decl *D, llvm::ArrayRef<llvm::StringRef> Names) {
-  for (const DeclContext *C = D->getDeclContext(); C; C = C->getParent())
-    if (const auto *NS = dyn_cast<NamespaceDecl>(C))
-      if (NS->getIdentifier() && llvm::is_contained(Names, NS->getName()) &&
-          isa<TranslationUnitDecl>(NS->getParent()->getRedeclContext()))
-        return true;
-  return false;
 }
 
 // Arguments of a call, without the implicit object.
@@ -248,7 +214,7 @@ const FunctionSummary *FunctionAnalyzer::calleeSummary(const CallExpr *Call) con
 }
 
 NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
-  E = strip(E);
+  E = stripHandle(E);
   if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
     const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
     if (!VD || !M.isTensorType(VD->getType()))
@@ -338,7 +304,7 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
 }
 
 NodeSet FunctionAnalyzer::copyOf(const Expr *E, const void *Key, const State &S) {
-  const Expr *Src = strip(E);
+  const Expr *Src = stripHandle(E);
   if (isa<DeclRefExpr, MemberExpr>(Src)) {
     unsigned N = nodeFor(Key);
     NodeSet From = valueNodes(Src, S);
@@ -363,7 +329,7 @@ void FunctionAnalyzer::transfer(const Stmt *St, State &S) {
       if (VD->getType()->isReferenceType()) {
         if (!Init)
           continue;
-        const Expr *Src = strip(Init);
+        const Expr *Src = stripHandle(Init);
         if (const VarDecl *Target = trackedVarOf(Src)) {
           if (Target != VD)
             RefTarget[VD] = Target;
@@ -499,7 +465,7 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
   W.Target = Target;
   W.Via = Via;
   // Explicit views of a handle write that handle: find the root.
-  const Expr *Root = strip(Target);
+  const Expr *Root = stripHandle(Target);
   while (const auto *Call = dyn_cast<CallExpr>(Root)) {
     const Expr *Self = nullptr;
     if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
@@ -515,7 +481,7 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
     }
     if (!Self)
       break;
-    Root = strip(Self);
+    Root = stripHandle(Self);
   }
   W.Root = Root;
   if (const auto *DRE = dyn_cast<DeclRefExpr>(Root)) {
@@ -526,7 +492,7 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
   } else if (const auto *ME = dyn_cast<MemberExpr>(Root)) {
     W.RootDecl = ME->getMemberDecl();
   }
-  W.Direct = W.RootDecl && Root == strip(Target);
+  W.Direct = W.RootDecl && Root == stripHandle(Target);
 
   NodeSet Start = valueNodes(Target, S);
   if (Start.size() != 1)
@@ -827,10 +793,6 @@ private:
 
 } // namespace
 
-bool isTensorLibraryCode(const Decl *D) {
-  return D->isInStdNamespace() || isInNamespace(D, {"tt", "at", "c10", "torch"});
-}
-
 namespace {
 bool summarisable(const FunctionDecl *FD, const TensorModel &M, ASTContext &Ctx) {
   if (FD->isDependentContext() || Ctx.getSourceManager().isInSystemHeader(FD->getLocation()))
@@ -893,28 +855,6 @@ const FunctionSummary *AliasAnalysis::summary(const FunctionDecl *FD) {
   return run(Def).Summary.get();
 }
 
-namespace {
-struct SharedInstance {
-  ASTContext *Ctx = nullptr;
-  std::string Types;
-  std::unique_ptr<AliasAnalysis> AA;
-};
-llvm::SmallVector<SharedInstance, 2> &instances() {
-  static llvm::SmallVector<SharedInstance, 2> I;
-  return I;
-}
-} // namespace
-
-AliasAnalysis &aliasAnalysisFor(const TensorModel &Model, ASTContext &Ctx) {
-  std::string Types = llvm::join(Model.typeNames(), ";");
-  for (SharedInstance &I : instances())
-    if (I.Ctx == &Ctx && I.Types == Types)
-      return *I.AA;
-  instances().push_back({&Ctx, Types, std::make_unique<AliasAnalysis>(Model, Ctx)});
-  return *instances().back().AA;
-}
-
-void releaseAliasAnalysis() { instances().clear(); }
 
 namespace {
 bool isNoGradGuardDecl(const Stmt *St) {

@@ -11,6 +11,7 @@
 // alias of parameter i) so that calls to them are not black boxes.
 #pragma once
 
+#include "analysis/AstHelpers.h"
 #include "analysis/TensorModel.h"
 
 #include "clang/AST/Decl.h"
@@ -106,15 +107,6 @@ private:
   llvm::DenseMap<const FunctionDecl *, Cached> Cache;
   llvm::DenseMap<const FunctionDecl *, bool> InProgress;
 };
-
-// One instance per TU and TensorTypes, shared by the checks of a run; checks
-// release it in onEndOfTranslationUnit.
-AliasAnalysis &aliasAnalysisFor(const TensorModel &Model, ASTContext &Ctx);
-void releaseAliasAnalysis();
-
-// Code of the tensor libraries themselves (namespaces tt, at, c10, torch, std):
-// their bodies implement the ops the table describes; never analysed.
-bool isTensorLibraryCode(const Decl *D);
 
 // True when S (inside Body) runs under a `NoGradGuard` (or
 // `AutoGradMode(false)` / `InferenceMode`) declared in an enclosing block.

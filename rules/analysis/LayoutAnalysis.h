@@ -6,6 +6,8 @@
 // op table (tt/ops.def); ops it models precisely refine the table by arguments.
 #pragma once
 
+#include "analysis/AstHelpers.h"
+#include "analysis/Shape.h"
 #include "analysis/TensorModel.h"
 
 #include "clang/AST/Decl.h"
@@ -20,40 +22,35 @@
 
 namespace clang::tidy::tensor {
 
-/// A product of a rational constant and integer powers of symbols: a tensor
-/// size or stride. Symbols stand for run-time values, assumed > 1 ("generic").
-struct Mono {
-  std::int64_t Num = 1, Den = 1;
-  llvm::SmallVector<std::pair<unsigned, int>, 2> Pow; // sorted by symbol
-  bool Top = false;                                   // overflow: unusable
-
-  static Mono constant(std::int64_t V) {
-    Mono M;
-    M.Num = V;
-    return M;
-  }
-  bool isConst() const { return !Top && Pow.empty() && Den == 1; }
-  bool isConst(std::int64_t V) const { return isConst() && Num == V; }
-  bool operator==(const Mono &O) const {
-    return Top == O.Top && Num == O.Num && Den == O.Den && Pow == O.Pow;
-  }
-  bool operator!=(const Mono &O) const { return !(*this == O); }
-};
-
 /// What is known about one tensor value.
 struct TensorFact {
   enum ContigKind : std::uint8_t { Unknown, Yes, No };
   ContigKind Contig = Unknown;
-  /// The fact relies on a guess: an input of unknown layout taken as
-  /// contiguous, or run-time sizes taken as > 1. Never an error then.
+  /// The fact relies on a default the code does not show: an input of
+  /// unknown origin taken as a contiguous float32 CPU tensor, run-time sizes
+  /// taken as > 1.
   bool Assumed = false;
+  /// The dtype / device are the float32 / CPU defaults, not shown.
+  bool DTypeAssumed = false, DeviceAssumed = false;
+  /// The input taken as contiguous, for messages: "'x'", "the result of 'l(x)'".
+  std::string AssumedSource;
+  /// The input whose dtype / device are taken as float32 / CPU.
+  std::string KindSource;
   /// Sizes and strides, when the rank is known.
-  std::optional<llvm::SmallVector<Mono, 4>> Sizes, Strides;
+  std::optional<Shape> Sizes, Strides;
   /// Element size in bytes, when the dtype is known.
   unsigned ElemSize = 0;
+  /// The dtype's name ("Float", "Long"...), when known.
+  llvm::StringRef DType;
+  enum DeviceKind : std::uint8_t { AnyDevice, CPU, Accelerator };
+  /// CPU for factories without a device; Accelerator after `cuda()` or `to(d)`
+  /// with a device other than kCPU (code that moves tensors targets one).
+  DeviceKind Device = AnyDevice;
   /// Unknown rank: the (normalised) dims a transpose swapped on a tensor taken
   /// as contiguous; -1 when none.
   int SwapA = -1, SwapB = -1;
+  /// Unknown rank: dims known to have size 1 (bit i: dim i, from unsqueeze).
+  std::uint32_t UnitDims = 0;
   /// Identity of the value the sizes of an unknown-rank tensor belong to.
   const void *Src = nullptr;
   /// The op that made it non-contiguous (for messages) and where.
@@ -62,11 +59,14 @@ struct TensorFact {
 
   bool hasShape() const { return Sizes.has_value(); }
   bool operator==(const TensorFact &O) const;
+  bool operator!=(const TensorFact &O) const { return !(*this == O); }
 };
 
 /// Whether a view/reshape of a tensor to a new shape can alias it.
 struct ViewQuery {
-  enum Kind : std::uint8_t { Unknown, Viewable, NotViewable };
+  using Kind = Viewability;
+  static constexpr Kind Unknown = Viewability::Unknown, Viewable = Viewability::Viewable,
+                        NotViewable = Viewability::NotViewable;
   Kind Result = Unknown;
   /// Decided from concrete sizes and a known input: holds on every run.
   bool Certain = false;
@@ -74,10 +74,19 @@ struct ViewQuery {
   std::optional<std::int64_t> Bytes;
   /// The input's fact and the requested shape (when known).
   TensorFact Input;
-  std::optional<llvm::SmallVector<Mono, 4>> NewSizes;
+  std::optional<Shape> NewSizes;
 };
 
-class SymTable;
+/// Whether a may-alias op (`contiguous`, `to`, `cpu`, `cuda`, `float`...)
+/// returns its input or copies it, from the facts at the call.
+struct ConversionQuery {
+  enum Kind : std::uint8_t { Unknown, ReturnsSelf, Copies };
+  Kind Result = Unknown;
+  /// The decision rests on a default (e.g. an input taken as contiguous).
+  bool Assumed = false;
+  /// The device changes (a synchronising transfer).
+  bool Transfer = false;
+};
 
 class LayoutAnalysis {
 public:
@@ -92,11 +101,18 @@ public:
   const TensorFact *factOf(const Expr *E) const;
   /// For view, view_as, reshape, reshape_as and flatten calls: can the result alias.
   const ViewQuery *queryOf(const CallExpr *Call) const;
+  /// For the may-alias ops of the table: does the call copy.
+  const ConversionQuery *conversionOf(const CallExpr *Call) const;
 
   /// Text for a byte count: "512 bytes", "3.0 KiB", "4.0 MiB", "1.5 GiB".
   static std::string formatBytes(std::int64_t Bytes);
   /// "[2, 3]" when every size is a constant, else "".
   static std::string formatShape(llvm::ArrayRef<Mono> Sizes);
+  /// "; assuming 'x' is contiguous, as nearly all tensors are" when F rests
+  /// on an input taken as contiguous, else "".
+  static std::string assumption(const TensorFact &F);
+  /// Bytes of a tensor whose sizes and dtype are known constants.
+  static std::optional<std::int64_t> bytesOf(const TensorFact &F);
 
   struct State;
 
@@ -104,29 +120,5 @@ private:
   class Impl;
   std::unique_ptr<Impl> P;
 };
-
-/// Lazily analysed functions, for checks that ask about calls inside them.
-class LayoutCache {
-public:
-  LayoutCache(const TensorModel &Model) : Model(Model) {}
-  /// The analysis of the function or lambda enclosing E (null if none).
-  const LayoutAnalysis *forExpr(const Expr *E, ASTContext &Ctx);
-  void clear() { Map.clear(); }
-
-private:
-  const TensorModel &Model;
-  llvm::DenseMap<const Decl *, std::unique_ptr<LayoutAnalysis>> Map;
-};
-
-/// E without the implicit nodes around a tensor value (casts, temporaries,
-/// handle copy/move construction).
-const Expr *stripHandle(const Expr *E);
-
-/// The function or lambda call operator whose body contains S (null if none).
-const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx);
-
-/// S is in code instantiated from a template: a fix-it there would edit the
-/// template for every instantiation (the pattern itself is checked too).
-bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx);
 
 } // namespace clang::tidy::tensor

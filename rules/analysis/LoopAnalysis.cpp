@@ -500,9 +500,14 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
     return true;
   const LoopFacts &F = factsOf(Loop);
   if (const auto *D = dyn_cast<DeclRefExpr>(E)) {
-    const auto *V = dyn_cast<VarDecl>(D->getDecl());
+    const ValueDecl *VD = D->getDecl();
+    // A structured binding (`auto [a, logp] = policy(obs);`) is a part of
+    // its decomposed variable: it varies when that does.
+    if (const auto *BD = dyn_cast<BindingDecl>(VD))
+      VD = BD->getDecomposedDecl();
+    const auto *V = dyn_cast_or_null<VarDecl>(VD);
     if (!V)
-      return true; // functions, enumerators
+      return VD != nullptr; // functions, enumerators
     if (V->getType().isConstQualified() && !Model.isTensorType(V->getType()) &&
         !V->getType()->isReferenceType() && (V->hasGlobalStorage() || V->isConstexpr()))
       return true;

@@ -9,7 +9,7 @@ float evaluate(const std::vector<torch::Tensor> &preds, const torch::Tensor &tar
   float total = 0;
   for (const auto &pred : preds) {
     auto target = targets.to(device);
-    // CHECK-MESSAGES: :[[@LINE-1]]:27: warning: 'to' of loop-invariant 'targets' converts it again on every iteration
+    // CHECK-MESSAGES: :[[@LINE-1]]:27: warning: 'to' of loop-invariant 'targets' copies it to another device again on every iteration (a synchronising transfer; assuming 'targets' is a float32 CPU tensor, as nearly all are)
     auto mask = input.gt(0).clone();
     // CHECK-MESSAGES: :[[@LINE-1]]:29: warning: 'clone' of loop-invariant 'input.gt(0)' allocates and copies it on every iteration; it is never written
     // CHECK-FIXES: auto mask = input.gt(0);
@@ -34,4 +34,27 @@ std::vector<torch::Tensor> negatives(torch::nn::Linear &model, torch::optim::SGD
     history.push_back(w.sum());
   }
   return history;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> policy(const torch::Tensor &obs);
+
+// Conversions that return the tensor itself, and values that change per step.
+float noCopies(int64_t n, int64_t d, torch::Device device, const std::vector<torch::Tensor> &obs) {
+  auto p = torch::randn({n, d});
+  auto r = torch::ones({4});
+  auto labels = torch::arange(10);
+  float total = 0;
+  for (int i = 0; i < 100; ++i) {
+    total += p.contiguous().sum().item<float>();    // contiguous already
+    total += r.cpu().sum().item<float>();           // on the CPU already
+    total += r.to(torch::kFloat).sum().item<float>(); // float32 already
+    total += labels.to(device).sum().item<float>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'to' of loop-invariant 'labels' copies it to another device again on every iteration (a synchronising transfer, 80 bytes each time); hoist it out of the loop
+  }
+  for (const auto &o : obs) {
+    auto [action, logp] = policy(o.to(device));
+    total += action.cpu().sum().item<float>();     // a new action every step
+    total += logp.to(torch::kDouble).sum().item<float>();
+  }
+  return total;
 }

@@ -23,8 +23,38 @@ torch::Tensor heads(const torch::Tensor &x, int64_t nh) {
   // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless
 }
 
-void negatives(const torch::Tensor &x) {
+// Real code shows no layout: inputs and results of calls are taken as
+// contiguous, sizes as > 1, and the message says so.
+torch::Tensor f1(const torch::Tensor &x) {
+  auto y = x.transpose(1, 2);
+  return y.reshape({x.size(0), -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming 'x' is contiguous, as nearly all tensors are)
+}
+
+torch::Tensor f2(torch::Tensor a, torch::Tensor b) {
+  return torch::matmul(a, b).transpose(1, 2).reshape({2, 12});
+  // CHECK-MESSAGES: :[[@LINE-1]]:46: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+}
+
+torch::Tensor nchwToRows(const torch::Tensor &x) {
+  return x.permute({0, 2, 3, 1}).reshape({-1, x.size(1)});
+  // CHECK-MESSAGES: :[[@LINE-1]]:34: warning: 'reshape' silently copies the non-contiguous result of 'permute'
+}
+
+torch::Tensor lstmOut(torch::nn::LSTM &lstm, const torch::Tensor &x) {
+  auto out = std::get<0>(lstm->forward(x));
+  auto swapped = out.transpose(0, 1).flatten(1); // a 2-D output would make this a no-op
+  return out.transpose(1, 2).flatten(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'flatten' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming the result of 'std::get<0>(lstm->forward(x))' is contiguous
+}
+
+void negatives(const torch::Tensor &x, torch::nn::Linear &l) {
   torch::zeros({64, 256, 56, 56}).permute({0, 2, 3, 1}).reshape({64, 56, 56, 256}); // a view
-  x.t().reshape(-1);                          // nothing known about x
   torch::zeros({4, 6}).narrow(0, 1, 2).reshape({12});
+  x.permute({0, 2, 3, 1}).reshape({x.size(0), x.size(2), x.size(3), 1, -1}); // splits only
+  x.transpose(1, 2).contiguous().reshape({x.size(0), -1}); // the explicit copy
+  x.unsqueeze(1).transpose(0, 1).reshape({-1});            // swaps a size-1 dim
+  l(x).reshape({-1, 4});                                   // a module output: contiguous
+  torch::softmax(x.transpose(1, 2), -1).reshape({x.size(0), -1}); // softmax allocates
+  x.transpose(1, 2).relu().transpose(1, 2).reshape({-1});  // two transposes cancel? unknown rank: no claim
 }

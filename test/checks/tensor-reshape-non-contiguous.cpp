@@ -111,7 +111,7 @@ struct Head {
     auto B = x.size(0), T = x.size(1), C = x.size(2);
     auto y = x.view({B, T, heads, C / heads}).transpose(1, 2);
     return y.reshape({B, T, C});
-    // CHECK-MESSAGES: :[[@LINE-1]]:14: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1; make the copy explicit with '.contiguous().view(...)'
+    // CHECK-MESSAGES: :[[@LINE-1]]:14: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming 'x' is contiguous, as nearly all tensors are); make the copy explicit with '.contiguous().view(...)'
     // CHECK-FIXES: return y.contiguous().view({B, T, C});
   }
 };
@@ -126,6 +126,30 @@ Tensor mergeParam(const Tensor &x) {
 void inMacro() {
   auto m = FLAT(tt::zeros({2, 3}).t());
   // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'reshape' silently copies the non-contiguous result of 't'
+}
+
+// ---- inputs of unknown origin: taken as contiguous, sizes > 1 ------------------
+
+void assumedInputs(Tensor p, std::int64_t n) {
+  p.t().reshape({-1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: 'reshape' silently copies the non-contiguous result of 't': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming 'p' is contiguous, as nearly all tensors are); make the copy explicit with '.contiguous().view(...)'
+  // CHECK-FIXES: p.t().contiguous().view({-1});
+  p.transpose(1, 2).reshape({n, -1}); // two dims cannot cover three chunks
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming 'p' is contiguous
+  p.transpose(1, 2).reshape({p.size(0), -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+}
+
+Tensor unknownRank(const Tensor &a, const Tensor &b) {
+  return a.matmul(b).transpose(1, 2).reshape({2, 12}); // the result of an op: contiguous
+  // CHECK-MESSAGES: :[[@LINE-1]]:38: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1; make
+}
+
+void unknownRankViews(const Tensor &x, std::int64_t n) {
+  x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1), -1}); // splits only
+  x.transpose(0, 1).reshape({x.size(1), x.size(0), -1});            // keeps the swapped dims apart
+  x.unsqueeze(1).transpose(0, 1).reshape({-1});                     // swaps a size-1 dim
+  x.transpose(1, 2).reshape({n, -1, 2, 3});                         // enough dims: cannot tell
 }
 
 // ---- not flagged -------------------------------------------------------------
@@ -145,8 +169,6 @@ void negatives(bool c, Tensor p, std::int64_t n, Fake f, std::vector<Tensor> &ou
   tt::zeros({4, 6}).contiguous().reshape({-1});            // contiguous input
   tt::zeros({4, 4}).slice(1, 0, 4, 2).reshape({8});        // evenly strided: one chunk
   tt::zeros({4, 4}).t().contiguous().view({16});           // the explicit copy
-  p.t().reshape({-1});                                     // nothing known about p
-  p.transpose(1, 2).reshape({n, -1});                      // sizes we cannot relate
   tt::zeros({3, 4}).t().reshape({4, 3});                   // the same shape
 
   auto a = tt::zeros({4, 4}).t();
@@ -175,6 +197,7 @@ void negatives(bool c, Tensor p, std::int64_t n, Fake f, std::vector<Tensor> &ou
 }
 
 template <typename T> void dependent(T x) {
-  x.t().reshape({-1}); // dependent: nothing known about x
+  x.t().reshape({-1}); // the instantiation: reported without a fix-it
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: 'reshape' silently copies the non-contiguous result of 't'
 }
 template void dependent<Tensor>(Tensor);

@@ -26,10 +26,22 @@ inline constexpr OpInfo kOps[] = {
 
 inline constexpr std::size_t kNumOps = sizeof(kOps) / sizeof(kOps[0]);
 
-// Linear scan: ~100 entries, called on method names the caller already knows
-// belong to a tensor type.
+// LibTorch ops the runtime does not implement: for the analysis only.
+inline constexpr OpInfo kLibTorchOps[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_LIBTORCH_OP(Name, S, L, A) {#Name, Storage::S, Layout::L, Autograd::A},
+#include "tt/ops.def"
+#undef TT_LIBTORCH_OP
+#undef TT_OP
+};
+
+// Linear scan: ~200 entries, called on method names the caller already knows
+// belong to a tensor type. The runtime's rows first.
 constexpr const OpInfo *lookup(std::string_view name) {
   for (const OpInfo &op : kOps)
+    if (op.name == name)
+      return &op;
+  for (const OpInfo &op : kLibTorchOps)
     if (op.name == name)
       return &op;
   return nullptr;

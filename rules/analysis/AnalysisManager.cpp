@@ -1,0 +1,57 @@
+#include "analysis/AnalysisManager.h"
+
+#include "analysis/AstHelpers.h"
+
+#include "llvm/ADT/StringExtras.h"
+
+namespace clang::tidy::tensor {
+
+AnalysisManager::AnalysisManager(const TensorModel &Model, ASTContext &Ctx)
+    : Model(Model), Ctx(Ctx), Alias(Model, Ctx) {}
+
+namespace {
+struct Instance {
+  ASTContext *Ctx = nullptr;
+  std::string Types;
+  std::unique_ptr<AnalysisManager> AM;
+};
+llvm::SmallVector<Instance, 2> &instances() {
+  static llvm::SmallVector<Instance, 2> I;
+  return I;
+}
+} // namespace
+
+AnalysisManager &AnalysisManager::get(const TensorModel &Model, ASTContext &Ctx) {
+  std::string Types = llvm::join(Model.typeNames(), ";");
+  for (Instance &I : instances())
+    if (I.Ctx == &Ctx && I.Types == Types)
+      return *I.AM;
+  instances().push_back({&Ctx, Types, std::make_unique<AnalysisManager>(Model, Ctx)});
+  return *instances().back().AM;
+}
+
+void AnalysisManager::release() { instances().clear(); }
+
+const LayoutAnalysis *AnalysisManager::layoutAt(const Stmt *S) {
+  const FunctionDecl *FD = enclosingFunction(S, Ctx);
+  if (!FD || !FD->hasBody())
+    return nullptr;
+  auto &Slot = Layouts[FD];
+  if (!Slot) {
+    Slot = std::make_unique<LayoutAnalysis>(Model, Ctx);
+    Slot->run(FD);
+  }
+  return Slot.get();
+}
+
+LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
+  const FunctionDecl *FD = enclosingFunction(S, Ctx);
+  if (!FD || !FD->hasBody())
+    return nullptr;
+  auto &Slot = Loops[FD];
+  if (!Slot)
+    Slot = std::make_unique<LoopAnalysis>(Model, Ctx, FD);
+  return Slot.get();
+}
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,39 @@
+// The analyses of one translation unit, shared by every check of a run:
+// the alias analysis (with its callee summaries) and, per function or lambda,
+// the layout and loop analyses, each computed once on first use.
+#pragma once
+
+#include "analysis/AliasAnalysis.h"
+#include "analysis/LayoutAnalysis.h"
+#include "analysis/LoopAnalysis.h"
+
+#include "llvm/ADT/DenseMap.h"
+
+#include <memory>
+
+namespace clang::tidy::tensor {
+
+class AnalysisManager {
+public:
+  AnalysisManager(const TensorModel &Model, ASTContext &Ctx);
+
+  /// The instance for this TU and tensor types; checks release every
+  /// instance in onEndOfTranslationUnit (release()).
+  static AnalysisManager &get(const TensorModel &Model, ASTContext &Ctx);
+  static void release();
+
+  AliasAnalysis &alias() { return Alias; }
+  /// The layout facts of the function or lambda enclosing S (null if none).
+  const LayoutAnalysis *layoutAt(const Stmt *S);
+  /// The loop analysis of the function or lambda enclosing S (null if none).
+  LoopAnalysis *loopsAt(const Stmt *S);
+
+private:
+  const TensorModel &Model;
+  ASTContext &Ctx;
+  AliasAnalysis Alias;
+  llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
+  llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
+};
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,88 @@
+#include "analysis/AstHelpers.h"
+
+#include "clang/AST/DeclCXX.h"
+#include "clang/AST/ExprCXX.h"
+#include "clang/AST/ParentMapContext.h"
+#include "llvm/ADT/STLExtras.h"
+
+namespace clang::tidy::tensor {
+
+const Expr *stripHandle(const Expr *E) {
+  while (E) {
+    const Expr *Prev = E;
+    E = E->IgnoreParenImpCasts();
+    if (const auto *M = dyn_cast<MaterializeTemporaryExpr>(E))
+      E = M->getSubExpr();
+    else if (const auto *B = dyn_cast<CXXBindTemporaryExpr>(E))
+      E = B->getSubExpr();
+    else if (const auto *C = dyn_cast<ExprWithCleanups>(E))
+      E = C->getSubExpr();
+    else if (const auto *F = dyn_cast<CXXFunctionalCastExpr>(E))
+      E = F->getSubExpr();
+    else if (const auto *CE = dyn_cast<CXXConstructExpr>(E);
+             CE && CE->getNumArgs() >= 1 && CE->getConstructor()->isCopyOrMoveConstructor())
+      E = CE->getArg(0);
+    if (E == Prev)
+      break;
+  }
+  return E;
+}
+
+bool isStdMoveLike(const CallExpr *Call) {
+  const auto *FD = Call->getDirectCallee();
+  return FD && FD->getIdentifier() && FD->isInStdNamespace() && Call->getNumArgs() == 1 &&
+         (FD->getName() == "move" || FD->getName() == "forward");
+}
+
+bool isInNamespace(const Decl *D, llvm::ArrayRef<llvm::StringRef> Names) {
+  for (const DeclContext *C = D->getDeclContext(); C; C = C->getParent())
+    if (const auto *NS = dyn_cast<NamespaceDecl>(C))
+      if (NS->getIdentifier() && llvm::is_contained(Names, NS->getName()) &&
+          isa<TranslationUnitDecl>(NS->getParent()->getRedeclContext()))
+        return true;
+  return false;
+}
+
+bool isTensorLibraryCode(const Decl *D) {
+  return D->isInStdNamespace() || isInNamespace(D, {"tt", "at", "c10", "torch"});
+}
+
+bool isTensorApi(const FunctionDecl *FD) { return isInNamespace(FD, {"tt", "at", "torch"}); }
+
+const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx) {
+  DynTypedNodeList Parents = Ctx.getParents(*S);
+  while (!Parents.empty()) {
+    const DynTypedNode &N = Parents[0];
+    if (const auto *L = N.get<LambdaExpr>())
+      return L->getCallOperator();
+    if (const auto *FD = N.get<FunctionDecl>())
+      return FD;
+    if (N.get<Decl>() && !N.get<VarDecl>() && !N.get<DecompositionDecl>())
+      return nullptr;
+    Parents = Ctx.getParents(N);
+  }
+  return nullptr;
+}
+
+// The function a lambda is written in (null if none).
+static const FunctionDecl *outerOfLambda(const CXXRecordDecl *L, ASTContext &Ctx) {
+  const Stmt *Outer = nullptr;
+  for (DynTypedNodeList Ps = Ctx.getParents(*L); !Ps.empty(); Ps = Ctx.getParents(Ps[0]))
+    if ((Outer = Ps[0].get<LambdaExpr>()))
+      break;
+  return Outer ? enclosingFunction(Outer, Ctx) : nullptr;
+}
+
+bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx) {
+  for (const FunctionDecl *FD = enclosingFunction(S, Ctx); FD;) {
+    if (FD->isTemplateInstantiation())
+      return true;
+    const auto *MD = dyn_cast<CXXMethodDecl>(FD);
+    if (!MD || !MD->getParent()->isLambda())
+      return false;
+    FD = outerOfLambda(MD->getParent(), Ctx);
+  }
+  return false;
+}
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,38 @@
+// AST helpers every analysis and check shares: which expression a handle
+// value is, where a statement lives, and whose code a declaration is.
+#pragma once
+
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/Decl.h"
+#include "clang/AST/Expr.h"
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
+
+namespace clang::tidy::tensor {
+
+/// E without the nodes that do not change which handle it denotes: implicit
+/// casts, parentheses, temporaries, functional casts, copy/move construction.
+const Expr *stripHandle(const Expr *E);
+
+/// `std::move(x)` / `std::forward<T>(x)`: the value is x's.
+bool isStdMoveLike(const CallExpr *Call);
+
+/// D is declared in one of these top-level namespaces (or nested in one).
+bool isInNamespace(const Decl *D, llvm::ArrayRef<llvm::StringRef> Names);
+
+/// Code of the tensor libraries themselves (namespaces tt, at, c10, torch, std):
+/// their bodies implement the ops the table describes; never analysed.
+bool isTensorLibraryCode(const Decl *D);
+
+/// An op of the tensor libraries' API (namespaces tt, at, torch), whose
+/// semantics the op table gives by name.
+bool isTensorApi(const FunctionDecl *FD);
+
+/// The function or lambda call operator whose body contains S (null if none).
+const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx);
+
+/// S is in code instantiated from a template: a fix-it there would edit the
+/// template for every instantiation (the pattern itself is checked too).
+bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx);
+
+} // namespace clang::tidy::tensor

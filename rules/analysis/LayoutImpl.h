@@ -1,0 +1,172 @@
+// Private to the layout analysis (LayoutAnalysis.cpp: values and flow;
+// LayoutOps.cpp: one handler per op family).
+#pragma once
+
+#include "analysis/LayoutAnalysis.h"
+
+#include "clang/AST/ASTContext.h"
+#include "llvm/ADT/DenseSet.h"
+
+namespace clang::tidy::tensor {
+
+namespace layout {
+bool isIntExpr(const Expr *X);
+bool intList(const Expr *E, llvm::SmallVectorImpl<const Expr *> &Out);
+std::optional<std::int64_t> constInt(const Expr *E, const ASTContext &Ctx);
+struct DTypeName {
+  llvm::StringRef Name;
+  unsigned Size = 0;
+};
+DTypeName dtypeNamed(llvm::StringRef N);
+DTypeName dtypeIn(const Stmt *S);
+TensorFact::DeviceKind deviceOf(const Expr *A);
+TensorFact unknownFact();
+TensorFact assumedInput(const void *Src, std::string Source);
+TensorFact freshContiguous(const void *Src);
+TensorFact join(const TensorFact &A, const TensorFact &B);
+TensorFact::ContigKind toContig(Contig C);
+std::optional<std::int64_t> normDim(std::optional<std::int64_t> D, size_t Rank);
+} // namespace layout
+
+struct LayoutAnalysis::State {
+  llvm::DenseMap<const VarDecl *, TensorFact> T;
+  llvm::DenseMap<const VarDecl *, Mono> I;
+
+  bool operator==(const State &O) const { return T == O.T && I == O.I; }
+};
+
+/// A tensor op call being evaluated: its name, table row, self and arguments.
+struct OpCall {
+  const CallExpr *Call;
+  llvm::StringRef Name;
+  const sem::OpInfo *Op;
+  const Expr *SelfE;
+  llvm::ArrayRef<const Expr *> Args;
+  LayoutAnalysis::State &S;
+  TensorFact Self;
+
+  const Expr *arg(size_t I) const {
+    return I < Args.size() && !isa<CXXDefaultArgExpr>(Args[I]) ? Args[I] : nullptr;
+  }
+};
+
+/// What a conversion asks for: a dtype and/or a device (empty / AnyDevice: keep).
+struct ConversionTarget {
+  layout::DTypeName DType;
+  TensorFact::DeviceKind Device = TensorFact::AnyDevice;
+};
+
+/// A new shape argument: its sizes, and which one was -1 (inferred).
+struct ShapeArg {
+  Shape Sizes;
+  int Infer = -1;
+};
+
+class LayoutAnalysis::Impl {
+public:
+  Impl(const TensorModel &Model, ASTContext &Ctx) : Model(Model), Ctx(Ctx) {}
+
+  void run(const FunctionDecl *FD);
+
+  // Dataflow domain.
+  using State = LayoutAnalysis::State;
+  void transfer(const Stmt *St, State &S);
+  bool join(State &Into, const State &From);
+  void widen(State &S) {
+    S.T.clear();
+    S.I.clear();
+  }
+
+  const TensorModel &Model;
+  ASTContext &Ctx;
+  SymTable ST;
+  llvm::DenseSet<const VarDecl *> Untracked;
+  const FunctionDecl *Fn = nullptr;
+  bool Recording = false;
+  llvm::DenseMap<const Expr *, TensorFact> Facts;
+  llvm::DenseMap<const CallExpr *, ViewQuery> Queries;
+  llvm::DenseMap<const CallExpr *, ConversionQuery> Conversions;
+
+  std::optional<std::int64_t> argInt(const OpCall &C, size_t I) const {
+    return layout::constInt(C.arg(I), Ctx);
+  }
+  std::string describe(const Expr *E) const;
+  TensorFact assumedResult(const Expr *E) const {
+    return layout::assumedInput(E, "the result of '" + describe(E) + "'");
+  }
+
+  // Values.
+  TensorFact evalTensor(const Expr *E, State &S);
+  TensorFact evalVar(const VarDecl *VD, const Expr *Ref, State &S);
+  TensorFact evalOperator(const CXXOperatorCallExpr *OC, State &S);
+  TensorFact evalCall(const CallExpr *Call, State &S);
+  TensorFact evalOp(const CallExpr *Call, llvm::StringRef Name, const Expr *SelfE,
+                    llvm::ArrayRef<const Expr *> Args, State &S);
+  Mono evalInt(const Expr *E, State &S);
+  std::optional<Mono> evalSizeQuery(const Expr *E, State &S);
+  std::optional<ShapeArg> shapeArg(const Expr *E, State &S);
+  std::optional<Shape> inferShape(const ShapeArg &A, const TensorFact &Self, const void *Key);
+
+  // Op handlers, one per family (dispatched by name in applyOp).
+  using Handler = TensorFact (Impl::*)(const OpCall &);
+  TensorFact applyOp(const OpCall &C);
+  TensorFact factory(const OpCall &C);
+  TensorFact reshapeOp(const OpCall &C);
+  TensorFact reshapeAsOp(const OpCall &C);
+  TensorFact flattenOp(const OpCall &C);
+  TensorFact contiguousOp(const OpCall &C);
+  TensorFact transposeOp(const OpCall &C);
+  TensorFact permuteOp(const OpCall &C);
+  TensorFact sliceOp(const OpCall &C);
+  TensorFact squeezeOp(const OpCall &C);
+  TensorFact expandOp(const OpCall &C);
+  TensorFact cloneOp(const OpCall &C);
+  TensorFact convertOp(const OpCall &C);
+  TensorFact matmulOp(const OpCall &C);
+  TensorFact byTable(const OpCall &C);
+
+  // Helpers of the handlers.
+  // What an op's result keeps of its input whatever the layout: dtype, device.
+  static void inheritKind(TensorFact &R, const TensorFact &Self) {
+    R.ElemSize = Self.ElemSize;
+    R.DType = Self.DType;
+    R.Device = Self.Device;
+    R.DTypeAssumed = Self.DTypeAssumed;
+    R.DeviceAssumed = Self.DeviceAssumed;
+    R.KindSource = Self.KindSource;
+  }
+  TensorFact unknownLike(const TensorFact &Self) const {
+    TensorFact U;
+    inheritKind(U, Self);
+    return U;
+  }
+  void setLayout(TensorFact &F, Shape Sizes, Shape Strides) {
+    F.Contig = layout::toContig(contigOf(ST, Sizes, Strides));
+    F.Sizes = std::move(Sizes);
+    F.Strides = std::move(Strides);
+    F.SwapA = F.SwapB = -1;
+    F.UnitDims = 0;
+  }
+  void setContiguous(TensorFact &F, const Shape &Sizes) {
+    setLayout(F, Sizes, contiguousStrides(ST, Sizes));
+  }
+  void derived(TensorFact &R, const TensorFact &Self, const OpCall &C) const;
+  std::optional<ShapeArg> flattenShape(const TensorFact &Self, std::int64_t Start,
+                                       std::int64_t End);
+  TensorFact reshapeLike(const OpCall &C, const TensorFact &Self, std::optional<ShapeArg> New);
+  ViewQuery decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
+                       const std::optional<Shape> &NewShape, Shape &NewStride);
+  std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New);
+  TensorFact sliceAlong(const OpCall &C, std::int64_t D, size_t First);
+  Mono sliceLength(const OpCall &C, const Mono &Len, size_t First, std::int64_t Step);
+  ConversionTarget targetOf(const OpCall &C);
+  std::optional<Shape> broadcast(const Shape &A, const Shape &B) const;
+  TensorFact elementwise(const OpCall &C);
+  void prescan(const Stmt *St);
+  void assignTensor(const VarDecl *V, const Expr *Init, State &S);
+  void transferCall(const CallExpr *Call, State &S);
+  void forgetWrittenArgs(const CallExpr *Call, State &S);
+};
+
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,720 @@
+// The layout analysis's op handlers: what each op family does to sizes,
+// strides, dtype and device. Storage and default layout come from the op
+// table (tt/ops.def); the handlers refine them by the call's arguments.
+#include "analysis/LayoutImpl.h"
+
+#include "analysis/AstHelpers.h"
+
+#include "clang/AST/ExprCXX.h"
+#include "llvm/ADT/StringSwitch.h"
+
+namespace clang::tidy::tensor {
+
+using namespace layout;
+
+TensorFact LayoutAnalysis::Impl::applyOp(const OpCall &C) {
+  Handler H = llvm::StringSwitch<Handler>(C.Name)
+                  .Cases("view", "reshape", &Impl::reshapeOp)
+                  .Cases("view_as", "reshape_as", &Impl::reshapeAsOp)
+                  .Case("flatten", &Impl::flattenOp)
+                  .Case("contiguous", &Impl::contiguousOp)
+                  .Cases("t", "transpose", &Impl::transposeOp)
+                  .Case("permute", &Impl::permuteOp)
+                  .Cases("select", "narrow", "slice", &Impl::sliceOp)
+                  .Cases("unsqueeze", "squeeze", &Impl::squeezeOp)
+                  .Cases("expand", "expand_as", &Impl::expandOp)
+                  .Case("clone", &Impl::cloneOp)
+                  .Cases("to", "cuda", "cpu", "type", "type_as", "toType", &Impl::convertOp)
+                  .Cases("matmul", "mm", "bmm", &Impl::matmulOp)
+                  .Default(&Impl::byTable);
+  return (this->*H)(C);
+}
+
+void LayoutAnalysis::Impl::derived(TensorFact &R, const TensorFact &Self, const OpCall &C) const {
+  if (R.Contig == TensorFact::No && Self.Contig != TensorFact::No) {
+    R.Origin = C.Name.str();
+    R.OriginLoc = C.Call->getExprLoc();
+  } else if (R.Contig != TensorFact::No) {
+    R.Origin.clear();
+    R.OriginLoc = SourceLocation();
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Factories
+//===----------------------------------------------------------------------===//
+
+// The device TensorOptions built in place name: `.device(d)` / `torch::device(d)`
+// in the chain, else the CPU; options from a variable may name any device.
+static TensorFact::DeviceKind optionsDevice(const Expr *E) {
+  E = stripHandle(E);
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) {
+    if (CE->getNumArgs() == 0)
+      return TensorFact::CPU;
+    TensorFact::DeviceKind D = deviceOf(CE->getArg(0));
+    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0)) : D;
+  }
+  const auto *Call = dyn_cast<CallExpr>(E);
+  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+  if (!FD || !FD->getIdentifier())
+    return TensorFact::AnyDevice;
+  if (FD->getName() == "device" && Call->getNumArgs() >= 1)
+    return deviceOf(Call->getArg(Call->getNumArgs() - 1));
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
+    return optionsDevice(MC->getImplicitObjectArgument());
+  return isTensorApi(FD) ? TensorFact::CPU : TensorFact::AnyDevice; // torch::dtype(...)
+}
+
+// The device a factory's arguments name; CPU when they name none.
+static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args) {
+  for (const Expr *A : Args) {
+    if (isa<CXXDefaultArgExpr>(A))
+      continue;
+    if (TensorFact::DeviceKind D = deviceOf(A); D != TensorFact::AnyDevice)
+      return D;
+    if (A->getType().getAsString().find("TensorOptions") != std::string::npos)
+      return optionsDevice(A);
+  }
+  return TensorFact::CPU;
+}
+
+static std::optional<Shape> arangeShape(llvm::ArrayRef<const Expr *> Args, const ASTContext &Ctx,
+                                        bool &AllInt) {
+  llvm::SmallVector<std::optional<std::int64_t>, 3> V;
+  AllInt = true;
+  for (const Expr *A : Args) {
+    const Expr *X = A->IgnoreImplicit();
+    if (const auto *CE = dyn_cast<CXXConstructExpr>(X); CE && CE->getNumArgs() == 1)
+      X = CE->getArg(0)->IgnoreParenImpCasts(); // Scalar(3)
+    if (!X->getType()->isArithmeticType())
+      break;
+    AllInt &= X->getType()->isIntegerType();
+    V.push_back(constInt(X, Ctx));
+  }
+  if (!AllInt || V.empty() || llvm::any_of(V, [](auto X) { return !X; }))
+    return std::nullopt;
+  std::int64_t Start = V.size() >= 2 ? *V[0] : 0, End = V.size() >= 2 ? *V[1] : *V[0];
+  std::int64_t Step = V.size() >= 3 ? *V[2] : 1;
+  if (Step <= 0 || End < Start)
+    return std::nullopt;
+  return Shape{Mono::constant((End - Start + Step - 1) / Step)};
+}
+
+TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
+  TensorFact F = freshContiguous(C.Call);
+  DTypeName DT;
+  for (const Expr *A : C.Args)
+    if (!DT.Size)
+      DT = dtypeIn(A);
+  F.Device = factoryDevice(C.Args);
+  std::optional<Shape> Sz;
+  bool Integral = false;
+  if (llvm::is_contained({"zeros", "ones", "empty", "rand", "randn", "full"}, C.Name)) {
+    if (auto A = shapeArg(C.arg(0), C.S); A && A->Infer < 0)
+      Sz = A->Sizes;
+  } else if (C.Name == "arange") {
+    Sz = arangeShape(C.Args, Ctx, Integral);
+  } else if (C.Name == "linspace" && C.Args.size() >= 3) {
+    Sz = Shape{evalInt(C.Args[2], C.S)};
+  } else if (C.Name != "tensor") {
+    DT = DT.Size ? DT : DTypeName{}; // *_like and others: the dtype is not implied
+  }
+  if (!DT.Size && C.Name != "tensor" && !C.Name.ends_with("_like"))
+    DT = Integral ? DTypeName{"Long", 8} : DTypeName{"Float", 4};
+  F.DType = DT.Name;
+  F.ElemSize = DT.Size;
+  if (Sz)
+    setContiguous(F, *Sz);
+  return F;
+}
+
+//===----------------------------------------------------------------------===//
+// view / reshape / flatten
+//===----------------------------------------------------------------------===//
+
+TensorFact LayoutAnalysis::Impl::reshapeOp(const OpCall &C) {
+  return reshapeLike(C, C.Self, shapeArg(C.arg(0), C.S));
+}
+
+TensorFact LayoutAnalysis::Impl::reshapeAsOp(const OpCall &C) {
+  TensorFact Other = C.arg(0) ? evalTensor(C.arg(0), C.S) : unknownFact();
+  std::optional<ShapeArg> New;
+  if (Other.Sizes)
+    New = ShapeArg{*Other.Sizes, -1};
+  return reshapeLike(C, C.Self, New);
+}
+
+TensorFact LayoutAnalysis::Impl::flattenOp(const OpCall &C) {
+  std::int64_t Start = argInt(C, 0).value_or(C.arg(0) ? INT64_MIN : 0);
+  std::int64_t End = argInt(C, 1).value_or(C.arg(1) ? INT64_MIN : -1);
+  if (Start == INT64_MIN || End == INT64_MIN)
+    return unknownLike(C.Self);
+  if (!C.Self.Sizes)
+    return reshapeLike(C, C.Self, flattenShape(C.Self, Start, End));
+  size_t Rank = C.Self.Sizes->size();
+  if (Rank == 0)
+    return C.Self;
+  auto S0 = normDim(Start, Rank), E0 = normDim(End, Rank);
+  if (!S0 || !E0 || *S0 > *E0)
+    return unknownLike(C.Self);
+  if (*S0 == *E0)
+    return C.Self;
+  ShapeArg NS;
+  Mono P = Mono::constant(1);
+  for (size_t I = 0; I < Rank; ++I) {
+    if ((std::int64_t)I < *S0 || (std::int64_t)I > *E0) {
+      NS.Sizes.push_back((*C.Self.Sizes)[I]);
+      continue;
+    }
+    P = ST.mul(P, (*C.Self.Sizes)[I]);
+    if ((std::int64_t)I == *E0)
+      NS.Sizes.push_back(P);
+  }
+  return reshapeLike(C, C.Self, NS);
+}
+
+// flatten(Start) of a tensor of unknown rank as a new shape: its sizes
+// before Start (symbols of its source, swapped as it is), then -1.
+std::optional<ShapeArg> LayoutAnalysis::Impl::flattenShape(const TensorFact &Self,
+                                                           std::int64_t Start, std::int64_t End) {
+  if (End != -1 || Start < 0 || Start > 8 || (Start > 0 && !Self.Src))
+    return std::nullopt;
+  ShapeArg A;
+  for (std::int64_t K = 0; K < Start; ++K) {
+    std::int64_t D = K == Self.SwapA ? Self.SwapB : K == Self.SwapB ? Self.SwapA : K;
+    A.Sizes.push_back((Self.UnitDims >> D) & 1 ? Mono::constant(1) : ST.sym(Self.Src, D + 1));
+  }
+  A.Infer = (int)A.Sizes.size();
+  A.Sizes.push_back(Mono::constant(-1));
+  return A;
+}
+
+TensorFact LayoutAnalysis::Impl::reshapeLike(const OpCall &C, const TensorFact &In,
+                                             std::optional<ShapeArg> New) {
+  std::optional<Shape> NewShape = New ? inferShape(*New, In, C.Call) : std::nullopt;
+  Shape NewStride;
+  ViewQuery Q = decideView(In, New, NewShape, NewStride);
+  if (Recording)
+    Queries[C.Call] = Q;
+  TensorFact R = unknownLike(In);
+  R.Assumed = In.Assumed;
+  R.AssumedSource = In.AssumedSource;
+  if (Q.Result == ViewQuery::Viewable) {
+    if (NewShape && In.Sizes)
+      setLayout(R, *NewShape, NewStride);
+    else if (NewShape)
+      setContiguous(R, *NewShape);
+    else
+      R.Contig = TensorFact::Yes;
+    if (R.Contig == TensorFact::No) {
+      R.Origin = In.Origin;
+      R.OriginLoc = In.OriginLoc;
+    }
+    return R;
+  }
+  if (Q.Result == ViewQuery::NotViewable && !C.Name.starts_with("view")) {
+    // reshape copies into a fresh contiguous tensor.
+    R.Assumed = false;
+    if (NewShape)
+      setContiguous(R, *NewShape);
+    else
+      R.Contig = TensorFact::Yes;
+    return R;
+  }
+  return unknownLike(In);
+}
+
+ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
+                                           const std::optional<Shape> &NewShape,
+                                           Shape &NewStride) {
+  ViewQuery Q;
+  Q.Input = In;
+  Q.NewSizes = NewShape;
+  if (In.Sizes && NewShape) {
+    Q.Result = computeStride(ST, *In.Sizes, *In.Strides, *NewShape, NewStride);
+    // Sizes the analysis cannot relate: the chunks still tell.
+    if (Q.Result == ViewQuery::Unknown &&
+        tooFewDimsForChunks(countChunks(ST, *In.Sizes, *In.Strides), *NewShape))
+      Q.Result = ViewQuery::NotViewable;
+    auto AllConst = [](const Shape &V) {
+      return llvm::all_of(V, [](const Mono &M) { return M.isConst(); });
+    };
+    Q.Certain = !In.Assumed && AllConst(*In.Sizes) && AllConst(*In.Strides) && AllConst(*NewShape);
+    if (Q.Certain)
+      Q.Bytes = LayoutAnalysis::bytesOf(In);
+  } else if (In.Contig == TensorFact::Yes) {
+    Q.Result = ViewQuery::Viewable;
+  } else if (!In.Sizes && In.SwapA >= 0 && New) {
+    Q.Result = decideUnknownRank(In, *New).value_or(ViewQuery::Unknown);
+  }
+  return Q;
+}
+
+// A contiguous tensor of unknown rank with two dims swapped: decide for each
+// rank the new shape fits; when its sizes are unrelated, count chunks.
+std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorFact &In,
+                                                                   const ShapeArg &New) {
+  std::optional<Viewability> Verdict;
+  for (int Rank = In.SwapB + 1; In.Src && Rank <= In.SwapB + 4; ++Rank) {
+    Shape Sz;
+    for (int K = 0; K < Rank; ++K)
+      Sz.push_back((In.UnitDims >> K) & 1 ? Mono::constant(1) : ST.sym(In.Src, K + 1));
+    Shape St = contiguousStrides(ST, Sz);
+    std::swap(Sz[In.SwapA], Sz[In.SwapB]);
+    std::swap(St[In.SwapA], St[In.SwapB]);
+    Shape NS = New.Sizes;
+    Mono Numel = ST.product(Sz);
+    if (New.Infer >= 0) {
+      Mono Rest = Mono::constant(1);
+      for (size_t I = 0; I < NS.size(); ++I)
+        if ((int)I != New.Infer)
+          Rest = ST.mul(Rest, NS[I]);
+      auto Q = ST.exactQuotient(Numel, Rest);
+      if (!Q)
+        continue;
+      NS[New.Infer] = *Q;
+    } else if (ST.eq(ST.product(NS), Numel) != Cmp::EQ) {
+      continue; // not this rank
+    }
+    Shape NSt;
+    Viewability V = computeStride(ST, Sz, St, NS, NSt);
+    if (V == Viewability::Unknown || (Verdict && *Verdict != V))
+      return std::nullopt;
+    Verdict = V;
+  }
+  if (!Verdict && !In.UnitDims &&
+      tooFewDimsForChunks(chunksAfterSwap(In.SwapA, In.SwapB), New.Sizes))
+    Verdict = Viewability::NotViewable;
+  return Verdict;
+}
+
+//===----------------------------------------------------------------------===//
+// Layout-changing views
+//===----------------------------------------------------------------------===//
+
+TensorFact LayoutAnalysis::Impl::contiguousOp(const OpCall &C) {
+  TensorFact R = C.Self;
+  if (Recording) {
+    ConversionQuery Q;
+    Q.Result = C.Self.Contig == TensorFact::Yes  ? ConversionQuery::ReturnsSelf
+               : C.Self.Contig == TensorFact::No ? ConversionQuery::Copies
+                                                 : ConversionQuery::Unknown;
+    Q.Assumed = C.Self.Assumed;
+    Conversions[C.Call] = Q;
+  }
+  R.Assumed = false;
+  if (C.Self.Sizes)
+    setContiguous(R, *C.Self.Sizes);
+  R.Contig = TensorFact::Yes;
+  R.SwapA = R.SwapB = -1;
+  derived(R, C.Self, C);
+  return R;
+}
+
+TensorFact LayoutAnalysis::Impl::transposeOp(const OpCall &C) {
+  std::optional<std::int64_t> A = 0, B = 1;
+  if (C.Name == "transpose") {
+    A = argInt(C, 0);
+    B = argInt(C, 1);
+  }
+  const TensorFact &Self = C.Self;
+  if (!A || !B)
+    return unknownLike(Self);
+  TensorFact R = Self;
+  if (Self.Sizes) {
+    size_t Rank = Self.Sizes->size();
+    if (C.Name == "t" && Rank < 2)
+      return Self;
+    auto NA = normDim(A, Rank), NB = normDim(B, Rank);
+    if (!NA || !NB)
+      return unknownLike(Self);
+    Shape Sz = *Self.Sizes, St = *Self.Strides;
+    std::swap(Sz[*NA], Sz[*NB]);
+    std::swap(St[*NA], St[*NB]);
+    setLayout(R, Sz, St);
+    derived(R, Self, C);
+    return R;
+  }
+  // Unknown rank: transpose(a, b) of two distinct non-negative dims of a
+  // contiguous tensor, neither known to have size 1; t() is taken as a
+  // matrix transpose (on a vector it would be a no-op).
+  auto Unit = [&](std::int64_t D) { return (Self.UnitDims >> D) & 1; };
+  if (Self.Contig != TensorFact::Yes || Self.SwapA >= 0 || *A < 0 || *B < 0 || *A == *B ||
+      *A >= 8 || *B >= 8 || Unit(*A) || Unit(*B))
+    return unknownLike(Self);
+  R.Contig = TensorFact::No;
+  R.Assumed = true;
+  R.SwapA = (int)std::min(*A, *B);
+  R.SwapB = (int)std::max(*A, *B);
+  derived(R, Self, C);
+  return R;
+}
+
+TensorFact LayoutAnalysis::Impl::permuteOp(const OpCall &C) {
+  llvm::SmallVector<const Expr *, 4> E;
+  if (!intList(C.arg(0), E))
+    return unknownLike(C.Self);
+  llvm::SmallVector<std::int64_t, 4> P;
+  for (const Expr *X : E) {
+    auto V = constInt(X, Ctx);
+    if (!V)
+      return unknownLike(C.Self);
+    P.push_back(*V);
+  }
+  const TensorFact &Self = C.Self;
+  Shape Sz, St;
+  if (Self.Sizes) {
+    if (P.size() != Self.Sizes->size())
+      return unknownLike(Self);
+    Sz = *Self.Sizes;
+    St = *Self.Strides;
+  } else if (Self.Contig == TensorFact::Yes && Self.SwapA < 0 && Self.Src) {
+    // The permutation names the rank: give the sizes symbols.
+    for (size_t K = 0; K < P.size(); ++K)
+      Sz.push_back((Self.UnitDims >> K) & 1 ? Mono::constant(1)
+                                            : ST.sym(Self.Src, (std::int64_t)K + 1));
+    St = contiguousStrides(ST, Sz);
+  } else {
+    return unknownLike(Self);
+  }
+  Shape NSz, NSt;
+  for (std::int64_t D : P) {
+    auto N = normDim(D, Sz.size());
+    if (!N)
+      return unknownLike(Self);
+    NSz.push_back(Sz[*N]);
+    NSt.push_back(St[*N]);
+  }
+  TensorFact R = Self;
+  setLayout(R, NSz, NSt);
+  derived(R, Self, C);
+  return R;
+}
+
+TensorFact LayoutAnalysis::Impl::sliceOp(const OpCall &C) {
+  std::optional<std::int64_t> D =
+      C.Name == "slice" && !C.arg(0) ? std::optional<std::int64_t>(0) : argInt(C, 0);
+  if (!D)
+    return unknownLike(C.Self);
+  return sliceAlong(C, *D, 1);
+}
+
+// select / narrow / slice along dim D; Arg0 is the index of the dim argument.
+TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, size_t First) {
+  const TensorFact &Self = C.Self;
+  TensorFact R = Self;
+  auto StepArg = C.Name == "slice" ? C.arg(First + 2) : nullptr;
+  std::optional<std::int64_t> Step = StepArg ? constInt(StepArg, Ctx) : 1;
+  if (!Self.Sizes) {
+    // Along dim 0 of a contiguous tensor (with step 1) it stays contiguous.
+    if (D != 0 || Step != 1 || Self.Contig != TensorFact::Yes)
+      return unknownLike(Self);
+    R.Src = nullptr;
+    R.UnitDims = C.Name == "select" ? Self.UnitDims >> 1 : Self.UnitDims & ~1u;
+    return R;
+  }
+  auto N = normDim(D, Self.Sizes->size());
+  if (!N || !Step || *Step <= 0)
+    return unknownLike(Self);
+  Shape Sz = *Self.Sizes, St = *Self.Strides;
+  if (C.Name == "select") {
+    Sz.erase(Sz.begin() + *N);
+    St.erase(St.begin() + *N);
+  } else if (C.Name == "narrow") {
+    Sz[*N] = evalInt(C.arg(First + 1), C.S);
+  } else {
+    Sz[*N] = sliceLength(C, Sz[*N], First, *Step);
+    St[*N] = ST.mul(St[*N], Mono::constant(*Step));
+  }
+  setLayout(R, Sz, St);
+  derived(R, Self, C);
+  return R;
+}
+
+Mono LayoutAnalysis::Impl::sliceLength(const OpCall &C, const Mono &Len, size_t First,
+                                       std::int64_t Step) {
+  auto Start = C.arg(First) ? constInt(C.arg(First), Ctx) : std::optional<std::int64_t>(0);
+  auto End = C.arg(First + 1) ? constInt(C.arg(First + 1), Ctx)
+                              : std::optional<std::int64_t>(INT64_MAX);
+  if (!Start || !End || !Len.isConst())
+    return ST.sym(C.Call, 0);
+  std::int64_t L = Len.Num, A = *Start < 0 ? *Start + L : *Start;
+  std::int64_t B = *End < 0 ? *End + L : *End;
+  A = std::clamp<std::int64_t>(A, 0, L);
+  B = std::clamp<std::int64_t>(B, A, L);
+  return Mono::constant((B - A + Step - 1) / Step);
+}
+
+TensorFact LayoutAnalysis::Impl::squeezeOp(const OpCall &C) {
+  const TensorFact &Self = C.Self;
+  TensorFact R = Self;
+  if (!Self.Sizes) {
+    if (Self.Contig != TensorFact::Yes)
+      return unknownLike(Self);
+    R.Src = nullptr; // dims move: the symbols no longer line up
+    R.UnitDims = 0;
+    auto D = argInt(C, 0);
+    if (C.Name == "unsqueeze" && D && *D >= 0 && *D < 31) {
+      std::uint32_t Low = Self.UnitDims & ((1u << *D) - 1);
+      R.UnitDims = Low | ((Self.UnitDims >> *D) << (*D + 1)) | (1u << *D);
+    }
+    return R;
+  }
+  Shape Sz = *Self.Sizes, St = *Self.Strides;
+  size_t Rank = Sz.size();
+  if (C.Name == "unsqueeze") {
+    auto D = argInt(C, 0);
+    auto N = D ? normDim(*D < 0 ? *D + 1 : *D, Rank + 1) : std::nullopt;
+    if (!N)
+      return unknownLike(Self);
+    Mono NewSt = (size_t)*N < Rank ? ST.mul(Sz[*N], St[*N]) : Mono::constant(1);
+    Sz.insert(Sz.begin() + *N, Mono::constant(1));
+    St.insert(St.begin() + *N, NewSt);
+  } else if (!C.arg(0)) {
+    for (size_t I = Sz.size(); I-- > 0;) {
+      if (!Sz[I].isConst())
+        return unknownLike(Self);
+      if (Sz[I].isConst(1)) {
+        Sz.erase(Sz.begin() + I);
+        St.erase(St.begin() + I);
+      }
+    }
+  } else {
+    auto N = normDim(argInt(C, 0), Rank);
+    if (!N || !Sz[*N].isConst())
+      return unknownLike(Self);
+    if (Sz[*N].isConst(1)) {
+      Sz.erase(Sz.begin() + *N);
+      St.erase(St.begin() + *N);
+    }
+  }
+  setLayout(R, Sz, St);
+  derived(R, Self, C);
+  return R;
+}
+
+TensorFact LayoutAnalysis::Impl::expandOp(const OpCall &C) {
+  const TensorFact &Self = C.Self;
+  std::optional<Shape> NS;
+  if (C.Name == "expand") {
+    if (auto A = shapeArg(C.arg(0), C.S))
+      NS = A->Sizes; // -1 stays -1: keep that dim
+  } else if (C.arg(0)) {
+    NS = evalTensor(C.arg(0), C.S).Sizes;
+  }
+  if (!NS || !Self.Sizes || NS->size() < Self.Sizes->size())
+    return unknownLike(Self);
+  size_t Lead = NS->size() - Self.Sizes->size();
+  Shape Sz(NS->size()), St(NS->size());
+  for (size_t I = 0; I < NS->size(); ++I) {
+    const Mono &Want = (*NS)[I];
+    if (I < Lead) {
+      if (Want.isConst(-1))
+        return unknownLike(Self);
+      Sz[I] = Want;
+      St[I] = Mono::constant(0);
+      continue;
+    }
+    const Mono &Have = (*Self.Sizes)[I - Lead];
+    if (Want.isConst(-1) || ST.eq(Want, Have) == Cmp::EQ) {
+      Sz[I] = Have;
+      St[I] = (*Self.Strides)[I - Lead];
+    } else if (Have.isConst(1)) {
+      Sz[I] = Want;
+      St[I] = Mono::constant(0);
+    } else {
+      return unknownLike(Self);
+    }
+  }
+  TensorFact R = Self;
+  setLayout(R, Sz, St);
+  derived(R, Self, C);
+  return R;
+}
+
+//===----------------------------------------------------------------------===//
+// Copies and conversions
+//===----------------------------------------------------------------------===//
+
+static bool hasStrideZero(const TensorFact &F) {
+  return F.Strides && llvm::any_of(*F.Strides, [](const Mono &M) { return M.isConst(0); });
+}
+
+TensorFact LayoutAnalysis::Impl::cloneOp(const OpCall &C) {
+  // preserve_format keeps the strides of a dense tensor; an expanded one
+  // comes back contiguous.
+  TensorFact R = C.Self;
+  R.Src = C.Call;
+  if (hasStrideZero(C.Self))
+    setContiguous(R, *C.Self.Sizes);
+  if (const Expr *Fmt = C.arg(0); Fmt && !dtypeIn(Fmt).Size) {
+    const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(Fmt));
+    if (DRE && DRE->getDecl()->getName() == "Contiguous") {
+      if (C.Self.Sizes)
+        setContiguous(R, *C.Self.Sizes);
+      R.Contig = TensorFact::Yes;
+      R.Assumed = false;
+    } else if (Fmt->getType().getAsString().find("MemoryFormat") != std::string::npos) {
+      return unknownLike(C.Self);
+    }
+  }
+  derived(R, C.Self, C);
+  return R;
+}
+
+ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
+  ConversionTarget T;
+  if (C.Name == "cpu")
+    T.Device = TensorFact::CPU;
+  else if (C.Name == "cuda")
+    T.Device = TensorFact::Accelerator;
+  for (const Expr *A : C.Args) {
+    if (Model.isTensorExpr(A)) { // to(other), type_as(other)
+      TensorFact O = evalTensor(A, C.S);
+      T.DType = {O.DType, O.ElemSize};
+      T.Device = C.Name == "type_as" ? TensorFact::AnyDevice : O.Device;
+      continue;
+    }
+    if (!T.DType.Size)
+      T.DType = dtypeIn(A);
+    if (T.Device == TensorFact::AnyDevice)
+      T.Device = deviceOf(A);
+  }
+  return T;
+}
+
+TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
+  ConversionTarget T = targetOf(C);
+  const TensorFact &Self = C.Self;
+  // Each part either keeps the input's value, changes it, or is unknown.
+  enum Part { Keeps, Changes, Unsure };
+  auto DevPart = T.Device == TensorFact::AnyDevice ? Keeps
+                 : Self.Device == TensorFact::AnyDevice ? Unsure
+                 : Self.Device == T.Device               ? Keeps
+                                                          : Changes;
+  auto DTypePart = !T.DType.Size ? Keeps
+                   : Self.DType.empty() ? Unsure
+                   : Self.DType == T.DType.Name ? Keeps
+                                                : Changes;
+  if (Recording) {
+    ConversionQuery Q;
+    Q.Transfer = DevPart == Changes;
+    Q.Result = DevPart == Changes || DTypePart == Changes ? ConversionQuery::Copies
+               : DevPart == Keeps && DTypePart == Keeps   ? ConversionQuery::ReturnsSelf
+                                                          : ConversionQuery::Unknown;
+    Q.Assumed = (DevPart != Keeps && Self.DeviceAssumed) || (DTypePart != Keeps && Self.DTypeAssumed);
+    Conversions[C.Call] = Q;
+  }
+  TensorFact R = Self;
+  if (T.Device != TensorFact::AnyDevice) {
+    R.Device = T.Device;
+    R.DeviceAssumed = false;
+  }
+  if (T.DType.Size) {
+    R.DTypeAssumed = false;
+    R.DType = T.DType.Name;
+    R.ElemSize = T.DType.Size;
+  }
+  return R;
+}
+
+//===----------------------------------------------------------------------===//
+// Math
+//===----------------------------------------------------------------------===//
+
+// Right-aligned broadcast of two shapes; nullopt when a pair of sizes
+// cannot be decided (two unrelated run-time sizes).
+std::optional<Shape> LayoutAnalysis::Impl::broadcast(const Shape &A, const Shape &B) const {
+  size_t N = std::max(A.size(), B.size());
+  Shape R(N);
+  for (size_t I = 0; I < N; ++I) {
+    const Mono *X = I < N - A.size() ? nullptr : &A[I - (N - A.size())];
+    const Mono *Y = I < N - B.size() ? nullptr : &B[I - (N - B.size())];
+    if (!X || (Y && X->isConst(1)))
+      R[I] = *Y;
+    else if (!Y || Y->isConst(1) || ST.eq(*X, *Y) == Cmp::EQ)
+      R[I] = *X;
+    else
+      return std::nullopt;
+  }
+  return R;
+}
+
+TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
+  TensorFact R = freshContiguous(C.Call);
+  inheritKind(R, C.Self);
+  TensorFact O = C.arg(0) ? evalTensor(C.arg(0), C.S) : unknownFact();
+  if (!C.Self.Sizes || !O.Sizes || C.Self.Sizes->size() < 2 || O.Sizes->size() < 2)
+    return R;
+  const Shape &A = *C.Self.Sizes, &B = *O.Sizes;
+  auto Batch = broadcast(Shape(A.begin(), A.end() - 2), Shape(B.begin(), B.end() - 2));
+  if (!Batch)
+    return R;
+  Batch->push_back(A[A.size() - 2]);
+  Batch->push_back(B.back());
+  setContiguous(R, *Batch);
+  return R;
+}
+
+// Ops whose result has self's sizes though the table makes it contiguous.
+static bool keepsShape(llvm::StringRef Name) {
+  return llvm::StringSwitch<bool>(Name)
+      .Cases("softmax", "log_softmax", "layer_norm", "masked_fill", "batch_norm", true)
+      .Cases("group_norm", "instance_norm", "cumsum", "cumprod", true)
+      .Default(false);
+}
+
+TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
+  TensorFact R = C.Self;
+  if (C.Op->storage == sem::Storage::Fresh)
+    R.Src = C.Call;
+  for (const Expr *A : C.Args) {
+    if (!Model.isTensorExpr(A))
+      continue;
+    TensorFact O = evalTensor(A, C.S);
+    if (O.Sizes && C.Self.Sizes && *O.Sizes == *C.Self.Sizes && *O.Strides == *C.Self.Strides)
+      continue;
+    // Different layouts: TensorIterator's choice is not modelled, but a
+    // broadcast of contiguous operands is contiguous.
+    std::optional<Shape> B;
+    if (O.Sizes && C.Self.Sizes)
+      B = broadcast(*C.Self.Sizes, *O.Sizes);
+    TensorFact U = unknownLike(C.Self);
+    if (B && O.Contig == TensorFact::Yes && C.Self.Contig == TensorFact::Yes)
+      setContiguous(U, *B);
+    return U;
+  }
+  return R;
+}
+
+TensorFact LayoutAnalysis::Impl::byTable(const OpCall &C) {
+  switch (C.Op->layout) {
+  case sem::Layout::Same: {
+    if (C.Op->storage == sem::Storage::Factory) { // *_like
+      TensorFact R = C.Self;
+      R.Src = C.Call;
+      if (hasStrideZero(R))
+        setContiguous(R, *R.Sizes);
+      if (DTypeName D = dtypeIn(C.Call); D.Size) {
+        R.DType = D.Name;
+        R.ElemSize = D.Size;
+      }
+      return R;
+    }
+    if (C.Op->storage == sem::Storage::Fresh)
+      return elementwise(C);
+    return C.Self; // detach, data, may-alias ops that keep the layout
+  }
+  case sem::Layout::Contiguous: {
+    TensorFact F = freshContiguous(C.Call);
+    inheritKind(F, C.Self);
+    if (keepsShape(C.Name) && C.Self.Sizes)
+      setContiguous(F, *C.Self.Sizes);
+    return F;
+  }
+  default:
+    return unknownLike(C.Self);
+  }
+}
+
+} // namespace clang::tidy::tensor
