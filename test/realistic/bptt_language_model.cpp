@@ -26,7 +26,8 @@ void train_bptt(Lm &lm, torch::optim::Optimizer &opt, const std::vector<torch::T
     c = std::get<1>(state).detach();
     auto logits = lm->dec_(out);
     // FACT: l = torch.randn(3, 2, 5); assert is_view_of(l.view(6, 5), l)
-    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(2)}), target.reshape({-1})); // LOOKALIKE: tensor-view-non-contiguous -- decoder output is contiguous
+    // FACT: c = torch.arange(12).view(4, 3); t = c.narrow(0, 1, 3); assert is_contiguous(t) and is_view_of(t.reshape(-1), c)
+    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(2)}), target.reshape({-1})); // LOOKALIKE: tensor-view-non-contiguous, tensor-reshape-non-contiguous -- decoder output is contiguous; narrowing dim 0 keeps contiguity
     opt.zero_grad();
     loss.backward();
     opt.step();

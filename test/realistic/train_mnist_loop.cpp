@@ -12,8 +12,8 @@ void train(torch::nn::Sequential &net, Loader &loader, torch::optim::SGD &opt, t
     auto target = batch.target.to(device);
     auto m = mean.to(device); // EXPECT: tensor-clone-in-loop
     auto s = stdev.to(device); // EXPECT: tensor-clone-in-loop
-    auto out = net->forward((data - m) / s);
-    auto loss = torch::nll_loss(torch::log_softmax(out, 1), target);
+    torch::Tensor out = net->forward((data - m) / s);
+    torch::Tensor loss = torch::nll_loss(torch::log_softmax(out, 1), target);
     opt.zero_grad();
     loss.backward();
     opt.step();
