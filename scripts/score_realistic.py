@@ -35,8 +35,9 @@ def annotations(files):
     return expected, lookalike
 
 
-def run_tool(tool, files, jobs, flags):
-    cmd = [tool, "--format=json", "--no-cache", "--quiet", f"-j{jobs}", "--checks=-*,tensor-*",
+def run_tool(tool, files, jobs, flags, cache_dir=None):
+    cache = [f"--cache-dir={cache_dir}"] if cache_dir else ["--no-cache"]
+    cmd = [tool, "--format=json", *cache, "--quiet", f"-j{jobs}", "--checks=-*,tensor-*",
            *map(str, files), "--", "-std=c++17", *flags.split()]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode not in (0, 1):
@@ -107,6 +108,7 @@ def main():
     ap.add_argument("--suite", default=str(ROOT / "test" / "realistic"))
     ap.add_argument("--torch-flags", default=TORCH_FLAGS, help="include flags for LibTorch")
     ap.add_argument("-j", type=int, default=2)
+    ap.add_argument("--cache-dir", help="tensor-tidy's result cache (keyed by the tool build): fast re-runs")
     ap.add_argument("--details", action="store_true", help="list every miss and false alarm")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--floors", help="JSON {check: {precision, recall}}: exit 1 below them")
@@ -114,7 +116,7 @@ def main():
     files = sorted(pathlib.Path(args.suite).glob("*.cpp"))
     expected, lookalike = annotations(files)
     try:
-        found = findings(run_tool(args.tensor_tidy, files, args.j, args.torch_flags), files)
+        found = findings(run_tool(args.tensor_tidy, files, args.j, args.torch_flags, args.cache_dir), files)
     except (ToolFailure, OSError, json.JSONDecodeError) as e:
         print(f"score_realistic: tensor-tidy failed: {e}", file=sys.stderr)
         return 2
