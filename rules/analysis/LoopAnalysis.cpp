@@ -461,6 +461,30 @@ bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned 
   return Writes;
 }
 
+bool LoopAnalysis::mayHoldTensors(QualType T, unsigned Depth) const {
+  T = T.getNonReferenceType();
+  if (T->isPointerType())
+    return true;
+  if (Model.isTensorType(T))
+    return true;
+  const auto *RD = T->getAsCXXRecordDecl();
+  if (!RD || Depth > 3)
+    return RD != nullptr;
+  if (const auto *TS = dyn_cast<ClassTemplateSpecializationDecl>(RD))
+    for (const TemplateArgument &A : TS->getTemplateArgs().asArray())
+      if (A.getKind() == TemplateArgument::Type && mayHoldTensors(A.getAsType(), Depth + 1))
+        return true;
+  if (!RD->hasDefinition())
+    return true;
+  for (const FieldDecl *Fd : RD->fields())
+    if (mayHoldTensors(Fd->getType(), Depth + 1))
+      return true;
+  for (const CXXBaseSpecifier &B : RD->bases())
+    if (mayHoldTensors(B.getType(), Depth + 1))
+      return true;
+  return false;
+}
+
 const LoopAnalysis::LoopFacts &LoopAnalysis::factsOf(const Stmt *Loop) {
   auto &Slot = Loops[Loop];
   if (Slot)
@@ -520,10 +544,13 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
     }
     if (V->hasGlobalStorage() && !V->getType().isConstQualified())
       return false;
-    // Storage reachable from outside (a parameter, a container of tensors):
-    // an opaque call (opt.step()) may write it.
-    if (!V->getType().getNonReferenceType()->isScalarType() &&
-        (Foreign.count(root(V)) || isa<ParmVarDecl>(V)) && F.Opaque)
+    // Storage reachable from outside (a container of tensors, a module, a
+    // handle aliasing a member): an opaque call (opt.step()) may write it.
+    // A tensor the caller passed in is taken as the caller's data, which an
+    // opaque call is not given (Note [Opaque calls] in docs/design.md).
+    bool CallerTensor = isa<ParmVarDecl>(V) && Model.isTensorType(V->getType());
+    if (F.Opaque && !CallerTensor && (Foreign.count(root(V)) || isa<ParmVarDecl>(V)) &&
+        mayHoldTensors(V->getType()))
       return false;
     return true;
   }
@@ -705,8 +732,8 @@ void LoopAnalysis::useOfValue(const Expr *E, const Stmt *Loop, Use &U,
       U.Escapes = true;
       return;
     }
-    if (Callee->getIdentifier() && (isStoreName(Callee->getName()) || Callee->getName() == "move" ||
-                                    Callee->getName() == "forward")) {
+    if (Callee->getIdentifier() &&
+        (isStoreName(Callee->getName()) || isStdMoveLike(C))) {
       U.Escapes = true;
       return;
     }

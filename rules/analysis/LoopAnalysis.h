@@ -62,6 +62,9 @@ private:
   void useOfValue(const Expr *E, const Stmt *Loop, Use &U,
                   llvm::SmallVectorImpl<const VarDecl *> &Work);
   bool isKnownLibrary(const FunctionDecl *FD) const;
+  /// A value of type T may reach tensor storage (a tensor, a container or
+  /// class holding one, a pointer): c10::Device, TensorOptions, ints cannot.
+  bool mayHoldTensors(QualType T, unsigned Depth = 0) const;
   /// A call of Callee may write (in place) the tensor passed as argument I:
   /// true unless its body is visible and only reads it.
   bool mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth = 0) const;
