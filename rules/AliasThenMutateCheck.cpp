@@ -2,6 +2,7 @@
 
 #include "analysis/AliasAnalysis.h"
 #include "analysis/AliasCheckSupport.h"
+#include "analysis/Finding.h"
 
 #include "clang/AST/ExprCXX.h"
 #include "llvm/ADT/DenseMap.h"
@@ -60,11 +61,8 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
   });
   llvm::DenseSet<const Expr *> CloneOffered;
   for (const auto &[W, A] : Found) {
-    SourceLocation Loc = W->Write->getExprLoc();
-    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(W->Write))
-      if (const auto *ME = dyn_cast<MemberExpr>(MC->getCallee()->IgnoreParenImpCasts()))
-        Loc = ME->getMemberLoc();
-    if (!Reported.insert(Loc).second)
+    SourceLocation Loc = reportLoc(W->Write);
+    if (!Reported.first(Loc))
       continue;
     const AliasEdge &E = A->FirstAlias;
     std::string Op;
@@ -80,13 +78,16 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
                << (W->Via != nullptr) << writeName(*W) << declName(W->RootDecl)
                << (E.Kind == EdgeKind::MayAlias) << declName(A->Decl) << Op;
       std::optional<llvm::SmallVector<FixItHint, 2>> Fix;
+      FixKind Kind = FixKind::OutOfPlace;
       if (PerSite[E.Site] == 1 && isFullStatement(W->Write, FD->getBody()))
         Fix = outOfPlaceFix(*W, Ctx);
       if (!Fix && CloneOffered.insert(E.Site).second)
-        Fix = cloneFix(E, Ctx);
+        Fix = cloneFix(E, Ctx), Kind = FixKind::CloneAtAlias;
       if (Fix)
         for (const FixItHint &H : *Fix)
           D << H;
+      emitFinding(writeFinding(getID(), HazardKind::SharedStorageWrite, Loc, *W, *A, E,
+                               Fix ? Kind : FixKind::None, Ctx.getSourceManager()));
     }
     if (E.Site)
       diag(E.Site->getBeginLoc(),

@@ -74,6 +74,25 @@ bool nameUsedElsewhere(const FunctionDecl *FD, const VarDecl *V) {
   return F.Found;
 }
 
+// The typed finding of a copy of a loop-invariant Src in Loop.
+Finding copyInLoopFinding(StringRef Check, const CXXMemberCallExpr *Call, const Expr *Src,
+                          const Stmt *Loop, bool Written, FixKind Fix, const SourceManager &SM) {
+  Finding F;
+  F.Check = Check.str();
+  F.Hazard = HazardKind::LoopInvariantCopy;
+  F.Where = SourcePoint::at(reportLoc(Call), SM);
+  F.Op = F.Where;
+  F.OpName = Call->getMethodDecl()->getNameAsString();
+  F.Origin = SourcePoint::at(Loop->getBeginLoc(), SM);
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(Src->IgnoreParenImpCasts()))
+    F.Handles.push_back(handleOf(HandleRole::Source, DRE->getDecl(), SM));
+  F.Fix = Fix;
+  F.Facts.push_back(Fact::LoopInvariant);
+  if (Written)
+    F.Facts.push_back(Fact::WrittenInLoop);
+  return F;
+}
+
 } // namespace
 
 void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
@@ -110,7 +129,7 @@ void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   if (U.Escapes)
     return;
   const auto *ME = dyn_cast<MemberExpr>(Call->getCallee());
-  if (!ME || !Reported.insert(ME->getMemberLoc()).second)
+  if (!ME || !Reported.first(ME->getMemberLoc()))
     return;
 
   const LangOptions &LO = getLangOpts();
@@ -192,6 +211,12 @@ void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   auto D = diag(ME->getMemberLoc(), Msg);
   for (const FixItHint &F : Fixes)
     D << F;
+  emitFinding(copyInLoopFinding(getID(), Call, Src, Loop, U.Written,
+                                Fixes.empty()   ? FixKind::None
+                                : Fixes.size() == 1 ? FixKind::UseSource
+                                : U.Written     ? FixKind::HoistAndCopyInto
+                                                : FixKind::HoistOutOfLoop,
+                                SM));
 }
 
 } // namespace clang::tidy::tensor

@@ -24,7 +24,7 @@ public:
 private:
   LayoutCache Layouts{Model};
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
-  llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
+  ReportedOnce Reported; // template instantiations repeat a call
 };
 
 } // namespace clang::tidy::tensor

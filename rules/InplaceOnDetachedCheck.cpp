@@ -2,6 +2,7 @@
 
 #include "analysis/AliasAnalysis.h"
 #include "analysis/AliasCheckSupport.h"
+#include "analysis/Finding.h"
 
 #include "clang/AST/ExprCXX.h"
 
@@ -48,11 +49,8 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
       continue;
     if (IgnoreUnderNoGrad && isUnderNoGrad(W.Write, FD->getBody()))
       continue;
-    SourceLocation Loc = W.Write->getExprLoc();
-    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(W.Write))
-      if (const auto *ME = dyn_cast<MemberExpr>(MC->getCallee()->IgnoreParenImpCasts()))
-        Loc = ME->getMemberLoc();
-    if (!Reported.insert(Loc).second)
+    SourceLocation Loc = reportLoc(W.Write);
+    if (!Reported.first(Loc))
       continue;
     const AliasEdge &E = A->FirstDetach;
     std::string Op = "detach";
@@ -68,8 +66,12 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
                          "change}5")
                << (W.Via != nullptr) << writeName(W) << Handle << declName(A->Decl) << Op
                << (E.Kind == EdgeKind::Data);
-      if (std::optional<FixItHint> Fix = detachCloneFix(E, Ctx))
+      std::optional<FixItHint> Fix = detachCloneFix(E, Ctx);
+      if (Fix)
         D << *Fix;
+      emitFinding(writeFinding(getID(), HazardKind::DetachedWrite, Loc, W, *A, E,
+                               Fix ? FixKind::DetachClone : FixKind::None,
+                               Ctx.getSourceManager()));
     }
     diag(E.Site->getBeginLoc(), "'%0' is detached here; use 'detach().clone()' for a copy the "
                                 "code can own",

@@ -21,7 +21,7 @@ public:
 
 private:
   LayoutCache Layouts{Model};
-  llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
+  ReportedOnce Reported; // template instantiations repeat a call
 };
 
 } // namespace clang::tidy::tensor

@@ -1,5 +1,7 @@
 #include "ViewNonContiguousCheck.h"
 
+#include "analysis/LayoutCheckSupport.h"
+
 #include "clang/AST/ExprCXX.h"
 #include "clang/ASTMatchers/ASTMatchFinder.h"
 
@@ -31,7 +33,7 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   if (!Q || Q->Result != ViewQuery::NotViewable)
     return;
   const auto *ME = dyn_cast<MemberExpr>(View->getCallee());
-  if (!ME || !Reported.insert(ME->getMemberLoc()).second)
+  if (!ME || !Reported.first(ME->getMemberLoc()))
     return;
 
   std::string What = Q->Input.Origin.empty()
@@ -61,10 +63,16 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   {
     auto D = diag(ME->getMemberLoc(), Msg,
                   Q->Certain || UnprovenAsError ? DiagnosticIDs::Error : DiagnosticIDs::Warning);
-    if (!ME->getMemberLoc().isMacroID() && !ME->isArrow() &&
-        !inTemplateInstantiation(View, *Result.Context))
+    bool Fixable = !ME->getMemberLoc().isMacroID() && !ME->isArrow() &&
+                   !inTemplateInstantiation(View, *Result.Context);
+    if (Fixable)
       D << (Known ? FixItHint::CreateInsertion(ME->getMemberLoc(), "contiguous().")
                   : FixItHint::CreateReplacement(ME->getMemberLoc(), Reshape));
+    emitFinding(layoutFinding(getID(), HazardKind::ViewThrows, View, *Q,
+                              !Fixable ? FixKind::None
+                              : Known  ? FixKind::ContiguousFirst
+                                       : FixKind::ReshapeForView,
+                              *Result.SourceManager));
   }
   SourceLocation OL = Q->Input.OriginLoc;
   if (OL.isValid() && !Result.SourceManager->isPointWithin(OL, View->getBeginLoc(), View->getEndLoc()))

@@ -130,10 +130,14 @@ json::Value toJSON(const TUResult &R) {
     Deps.push_back(json::Array{D.first, llvm::utohexstr(D.second)});
   for (const auto &E : R.Errors)
     Errors.push_back(errorToJSON(E));
+  json::Array Findings;
+  for (const auto &F : R.Findings)
+    Findings.push_back(toJSON(F));
   return json::Object{{"file", R.File},
                       {"failed", R.Failed},
                       {"deps", std::move(Deps)},
-                      {"errors", std::move(Errors)}};
+                      {"errors", std::move(Errors)},
+                      {"findings", std::move(Findings)}};
 }
 
 bool fromJSON(const json::Value &V, TUResult &R) {
@@ -156,6 +160,12 @@ bool fromJSON(const json::Value &V, TUResult &R) {
     for (const json::Value &E : *Errors)
       if (!errorFromJSON(E, R.Errors))
         return false;
+  if (const json::Array *Findings = O->getArray("findings"))
+    for (const json::Value &F : *Findings) {
+      R.Findings.emplace_back();
+      if (!clang::tidy::tensor::fromJSON(F, R.Findings.back()))
+        return false;
+    }
   return true;
 }
 

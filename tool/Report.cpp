@@ -28,7 +28,26 @@ const char *levelName(const ClangTidyError &E) {
   return "note";
 }
 
+unsigned RunReport::errorCount() const {
+  return llvm::count_if(Errors, [](const ClangTidyError &E) {
+    return llvm::StringRef(levelName(E)) == "error";
+  });
+}
+
 namespace {
+
+/// The typed finding and the verdict of error I, when there are.
+const clang::tidy::tensor::Finding *typedAt(const RunReport &R, size_t I) {
+  return I < R.Typed.size() && R.Typed[I] ? &*R.Typed[I] : nullptr;
+}
+const json::Value *verdictAt(const RunReport &R, size_t I) {
+  return I < R.Verdicts.size() && !R.Verdicts[I].getAsNull() ? &R.Verdicts[I] : nullptr;
+}
+json::Object verifySummary(const RunReport &R) {
+  json::Object S = *R.VerifySummary;
+  S["exit_code"] = static_cast<int>(R.Exit);
+  return S;
+}
 
 struct Position {
   unsigned Line = 0, Column = 0; // 1-based; 0 when unknown
@@ -174,7 +193,8 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
   // Fingerprints ignore line numbers (edits above a finding keep it) and count
   // repeats of the same finding on equal lines in one file.
   llvm::StringMap<unsigned> Seen;
-  for (const ClangTidyError &E : Rep.Errors) {
+  for (size_t I = 0; I < Rep.Errors.size(); ++I) {
+    const ClangTidyError &E = Rep.Errors[I];
     Position P = Index.at(E.Message.FilePath, E.Message.FileOffset);
     json::Object Result{{"ruleId", E.DiagnosticName},
                         {"ruleIndex", RuleIndex[E.DiagnosticName]},
@@ -204,6 +224,13 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
     json::Array Fixes = sarifFixes(Index, E, Root);
     if (!Fixes.empty())
       Result["fixes"] = std::move(Fixes);
+    json::Object Properties;
+    if (const auto *F = typedAt(Rep, I))
+      Properties["tensorTidyFinding"] = toJSON(*F);
+    if (const json::Value *V = verdictAt(Rep, I))
+      Properties["tensorTidyVerify"] = *V;
+    if (!Properties.empty())
+      Result["properties"] = std::move(Properties);
     Results.push_back(std::move(Result));
   }
 
@@ -228,6 +255,8 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
                           {"executionSuccessful", Rep.Failures.empty()},
                           {"toolExecutionNotifications", std::move(Notifications)}}}},
       {"results", std::move(Results)}};
+  if (Rep.VerifySummary)
+    Run["properties"] = json::Object{{"tensorTidyVerify", verifySummary(Rep)}};
   json::Value Log = json::Object{
       {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
       {"version", "2.1.0"},
@@ -247,7 +276,8 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
   };
   json::Array Diags;
   unsigned Warnings = 0, Errors = 0;
-  for (const ClangTidyError &E : Rep.Errors) {
+  for (size_t I = 0; I < Rep.Errors.size(); ++I) {
+    const ClangTidyError &E = Rep.Errors[I];
     json::Object D = Located(E.Message);
     D["check"] = E.DiagnosticName;
     D["level"] = levelName(E);
@@ -268,12 +298,16 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
         }
     D["notes"] = std::move(Notes);
     D["fixes"] = std::move(Fixes);
+    if (const auto *F = typedAt(Rep, I))
+      D["finding"] = toJSON(*F);
+    if (const json::Value *V = verdictAt(Rep, I))
+      D["verify"] = *V;
     Diags.push_back(std::move(D));
   }
   json::Array Failures;
   for (const auto &[File, Why] : Rep.Failures)
     Failures.push_back(json::Object{{"file", File}, {"reason", Why}});
-  json::Value Out = json::Object{
+  json::Object Out{
       {"tool", "tensor-tidy"},
       {"version", TT_VERSION},
       {"diagnostics", std::move(Diags)},
@@ -282,7 +316,9 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
                                {"cached", Rep.Cached},
                                {"warnings", Warnings},
                                {"errors", Errors}}}};
-  OS << llvm::formatv("{0:2}", Out) << "\n";
+  if (Rep.VerifySummary)
+    Out["verify"] = verifySummary(Rep);
+  OS << llvm::formatv("{0:2}", json::Value(std::move(Out))) << "\n";
 }
 
 } // namespace tensor_tidy

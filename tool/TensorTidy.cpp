@@ -84,7 +84,9 @@ static const char Overview[] =
     "  tensor-tidy -p <build-dir> [files...]   files from compile_commands.json (all if none)\n"
     "  tensor-tidy <file> -- <compiler flags>  one file without a database\n\n"
     "Exit codes: 0 clean (warnings only), 1 findings at error severity, 2 usage, configuration\n"
-    "or database error, 3 a file could not be parsed (the rest is still reported).\n";
+    "or database error, 3 a file could not be parsed (the rest is still reported), 4 with\n"
+    "--verify: a fix failed verification or a program could not be verified. When several\n"
+    "apply: 2, then 4, then 3, then 1.\n";
 
 int main(int argc, const char **argv) {
   llvm::InitLLVM X(argc, argv);
@@ -144,5 +146,5 @@ int main(int argc, const char **argv) {
   if (verify::enabled())
     return verify::runVerify(Opts, argv[0]);
 
-  return runDriver(Opts);
+  return runDriver(Opts).Exit;
 }

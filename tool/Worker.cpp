@@ -166,7 +166,10 @@ TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &C
   Tool.setDiagnosticConsumer(&DiagConsumer);
 
   ActionFactory Factory(Context, Result, Options.SystemHeaders.value_or(false));
+  // The checks' typed findings, next to their diagnostics (rules/analysis/Finding.h).
+  tensor::setFindingSink([&Result](tensor::Finding F) { Result.Findings.push_back(std::move(F)); });
   bool RunFailed = Tool.run(&Factory) != 0;
+  tensor::setFindingSink(nullptr);
   Result.Errors = DiagConsumer.take();
   // A check that reports at error severity fails the compiler's run too: only
   // compiler errors (or a failure with no error to show) mean "did not parse".
@@ -179,6 +182,9 @@ TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &C
     for (auto &N : E.Notes)
       makeAbsolute(E.BuildDirectory, N);
   }
+  std::string Dir = Commands.empty() ? std::string() : Commands.front().Directory;
+  for (tensor::Finding &F : Result.Findings)
+    F.resolvePaths(Dir);
   llvm::sort(Result.Deps);
   Result.Deps.erase(std::unique(Result.Deps.begin(), Result.Deps.end()), Result.Deps.end());
   return Result;

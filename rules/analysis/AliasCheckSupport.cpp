@@ -304,4 +304,36 @@ std::optional<FixItHint> detachCloneFix(const AliasEdge &E, ASTContext &Ctx) {
       CharSourceRange::getTokenRange(ME->getMemberLoc(), MC->getRParenLoc()), "detach().clone()");
 }
 
+Finding writeFinding(StringRef Check, HazardKind Hazard, SourceLocation Loc, const WriteEvent &W,
+                     const AffectedHandle &A, const AliasEdge &E, FixKind Fix,
+                     const SourceManager &SM) {
+  Finding F;
+  F.Check = Check.str();
+  F.Hazard = Hazard;
+  F.Where = SourcePoint::at(Loc, SM);
+  F.Op = SourcePoint::at(W.Write->getExprLoc(), SM);
+  F.OpName = writeName(W);
+  if (E.Site)
+    F.Origin = SourcePoint::at(E.Site->getBeginLoc(), SM);
+  if (W.RootDecl)
+    F.Handles.push_back(handleOf(HandleRole::Written, W.RootDecl, SM));
+  F.Handles.push_back(handleOf(HandleRole::Changed, A.Decl, SM));
+  F.Fix = Fix;
+  switch (E.Kind) {
+  case EdgeKind::MayAlias:
+    F.Facts.push_back(Fact::MayAliasOp);
+    break;
+  case EdgeKind::Detach:
+    F.Facts.push_back(Fact::SharesVersion);
+    break;
+  case EdgeKind::Data:
+    F.Facts.push_back(Fact::NoVersionCounter);
+    break;
+  default:
+    F.Facts.push_back(Fact::HandleCopy);
+  }
+  F.Facts.push_back(A.Why == Exposure::ReadLater ? Fact::ReadLater : Fact::Escapes);
+  return F;
+}
+
 } // namespace clang::tidy::tensor

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "analysis/AliasAnalysis.h"
+#include "analysis/Finding.h"
 
 #include "clang/ASTMatchers/ASTMatchFinder.h"
 #include "clang/Basic/Diagnostic.h"
@@ -39,5 +40,10 @@ std::optional<llvm::SmallVector<FixItHint, 2>> cloneFix(const AliasEdge &E, ASTC
 
 // `a.detach()` -> `a.detach().clone()`, `a.data()` -> `a.detach().clone()`.
 std::optional<FixItHint> detachCloneFix(const AliasEdge &E, ASTContext &Ctx);
+
+// The typed finding of a write W at Loc that changes A through edge E.
+Finding writeFinding(StringRef Check, HazardKind Hazard, SourceLocation Loc, const WriteEvent &W,
+                     const AffectedHandle &A, const AliasEdge &E, FixKind Fix,
+                     const SourceManager &SM);
 
 } // namespace clang::tidy::tensor
