@@ -25,24 +25,15 @@ void AliasThenMutateCheck::onEndOfTranslationUnit() {
 
 // The handle the write also changes: a later read first, then an escape.
 static const AffectedHandle *pick(const WriteEvent &W) {
-  const AffectedHandle *Best = nullptr;
-  for (const AffectedHandle &A : W.Affected) {
-    if (!A.CrossedAlias || A.CrossedDetach)
-      continue;
-    if (!Best || (Best->Why != Exposure::ReadLater && A.Why == Exposure::ReadLater))
-      Best = &A;
-  }
-  return Best;
+  return pickAffected(W, [](const AffectedHandle &A) { return A.CrossedAlias && !A.CrossedDetach; });
 }
 
 void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
-  const FunctionDecl *FD = matchedBody(Result);
-  if (!FD)
-    return;
-  ASTContext &Ctx = *Result.Context;
-  const FunctionAliasResult *R = aliasAnalysisFor(Model, Ctx).analyze(FD);
+  const FunctionDecl *FD = nullptr;
+  const FunctionAliasResult *R = analyseMatchedBody(Result, Model, FD);
   if (!R)
     return;
+  ASTContext &Ctx = *Result.Context;
 
   // Writes through handles (not temporaries) that change another handle,
   // counted per alias creation: several writes get one clone() there.

@@ -30,21 +30,16 @@ void InplaceOnDetachedCheck::onEndOfTranslationUnit() {
 }
 
 void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
-  const FunctionDecl *FD = matchedBody(Result);
-  if (!FD)
-    return;
-  ASTContext &Ctx = *Result.Context;
-  const FunctionAliasResult *R = aliasAnalysisFor(Model, Ctx).analyze(FD);
+  const FunctionDecl *FD = nullptr;
+  const FunctionAliasResult *R = analyseMatchedBody(Result, Model, FD);
   if (!R)
     return;
+  ASTContext &Ctx = *Result.Context;
   for (const WriteEvent &W : R->Writes) {
     // `p.detach().zero_()` plainly means to write p.
     if (!W.RootDecl && IgnoreDirectChains)
       continue;
-    const AffectedHandle *A = nullptr;
-    for (const AffectedHandle &C : W.Affected)
-      if (C.CrossedDetach && (!A || (A->Why != Exposure::ReadLater && C.Why == Exposure::ReadLater)))
-        A = &C;
+    const AffectedHandle *A = pickAffected(W, [](const AffectedHandle &C) { return C.CrossedDetach; });
     if (!A || !A->FirstDetach.Site)
       continue;
     if (IgnoreUnderNoGrad && isUnderNoGrad(W.Write, FD->getBody()))

@@ -62,9 +62,8 @@ void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
                               Fixable ? FixKind::ContiguousFirst : FixKind::None,
                               *Result.SourceManager));
   }
-  SourceLocation OL = Q->Input.OriginLoc;
-  if (OL.isValid() && !Result.SourceManager->isPointWithin(OL, Call->getBeginLoc(), Call->getEndLoc()))
-    diag(OL, "made non-contiguous here by '%0'", DiagnosticIDs::Note) << Q->Input.Origin;
+  if (auto N = originNote(*Q, Call, *Result.SourceManager))
+    diag(N->Loc, OriginNote::Format, DiagnosticIDs::Note) << N->Origin;
 }
 
 } // namespace clang::tidy::tensor

@@ -74,9 +74,8 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
                                        : FixKind::ReshapeForView,
                               *Result.SourceManager));
   }
-  SourceLocation OL = Q->Input.OriginLoc;
-  if (OL.isValid() && !Result.SourceManager->isPointWithin(OL, View->getBeginLoc(), View->getEndLoc()))
-    diag(OL, "made non-contiguous here by '%0'", DiagnosticIDs::Note) << Q->Input.Origin;
+  if (auto N = originNote(*Q, View, *Result.SourceManager))
+    diag(N->Loc, OriginNote::Format, DiagnosticIDs::Note) << N->Origin;
 }
 
 } // namespace clang::tidy::tensor

@@ -21,9 +21,14 @@ std::string absolutePath(llvm::StringRef Path, llvm::StringRef Dir) {
   return std::string(P);
 }
 
-std::string relativeToCwd(llvm::StringRef Path) {
+std::string currentDir() {
   llvm::SmallString<256> Cwd;
   llvm::sys::fs::current_path(Cwd);
+  return std::string(Cwd);
+}
+
+std::string relativeToCwd(llvm::StringRef Path) {
+  std::string Cwd = currentDir();
   llvm::StringRef Rel = Path;
   if (Rel.consume_front(Cwd) && Rel.consume_front("/"))
     return Rel.str();

@@ -13,6 +13,9 @@ namespace tensor_tidy {
 /// with . and .. removed.
 std::string absolutePath(llvm::StringRef Path, llvm::StringRef Dir = "");
 
+/// The working directory.
+std::string currentDir();
+
 /// Path relative to the working directory when it is below it, else as is.
 std::string relativeToCwd(llvm::StringRef Path);
 

@@ -1,6 +1,7 @@
 #include "Report.h"
 
 #include "Docs.h"
+#include "Paths.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -83,12 +84,6 @@ private:
   llvm::StringMap<std::unique_ptr<llvm::MemoryBuffer>> Files;
 };
 
-std::string currentDir() {
-  llvm::SmallString<256> Cwd;
-  llvm::sys::fs::current_path(Cwd);
-  return std::string(Cwd);
-}
-
 std::string percentEncode(llvm::StringRef Path) {
   std::string Out;
   for (unsigned char C : Path) {
@@ -152,13 +147,9 @@ json::Array sarifFixes(SourceIndex &Index, const ClangTidyError &E, llvm::String
   return Fixes;
 }
 
-} // namespace
-
-void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
-  std::string Root = currentDir();
-  SourceIndex Index;
-
-  // Rules: every enabled check, then any other name a result carries.
+/// Rules: every enabled check, then any other name a result carries; the
+/// index of each by id.
+json::Array sarifRules(const RunReport &Rep, llvm::StringMap<unsigned> &RuleIndex) {
   std::vector<std::string> RuleIds = Rep.EnabledChecks;
   for (const auto &E : Rep.Errors)
     if (!llvm::is_contained(RuleIds, E.DiagnosticName))
@@ -169,7 +160,6 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
   for (const auto &E : Rep.Errors)
     if (llvm::StringRef(levelName(E)) == "error")
       ErrorRules.insert(E.DiagnosticName);
-  llvm::StringMap<unsigned> RuleIndex;
   json::Array Rules;
   for (const std::string &Id : RuleIds) {
     RuleIndex[Id] = Rules.size();
@@ -188,29 +178,57 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
       Rule["help"] = json::Object{{"text", Full}, {"markdown", Doc.Markdown}};
     Rules.push_back(std::move(Rule));
   }
+  return Rules;
+}
 
-  json::Array Results;
-  // Fingerprints ignore line numbers (edits above a finding keep it) and count
-  // repeats of the same finding on equal lines in one file.
-  llvm::StringMap<unsigned> Seen;
-  for (size_t I = 0; I < Rep.Errors.size(); ++I) {
-    const ClangTidyError &E = Rep.Errors[I];
-    Position P = Index.at(E.Message.FilePath, E.Message.FileOffset);
-    json::Object Result{{"ruleId", E.DiagnosticName},
-                        {"ruleIndex", RuleIndex[E.DiagnosticName]},
-                        {"level", levelName(E)},
-                        {"message", json::Object{{"text", E.Message.Message}}}};
-    if (!E.Message.FilePath.empty()) {
-      Result["locations"] =
-          json::Array{json::Object{{"physicalLocation", physicalLocation(Index, E.Message, Root)}}};
-      json::Object Artifact = artifactLocation(E.Message.FilePath, Root);
-      std::string Basis = E.DiagnosticName + '\0' + Artifact.getString("uri")->str() + '\0' +
-                          E.Message.Message + '\0' + llvm::StringRef(P.LineText).trim().str();
-      std::string Hash = llvm::utohexstr(llvm::xxh3_64bits(Basis), false, 16);
-      unsigned N = ++Seen[Hash];
-      Result["partialFingerprints"] =
-          json::Object{{"tensorTidyFindingHash/v1", Hash + ":" + std::to_string(N)}};
+/// The SARIF results, one per error of the report.
+class SarifResults {
+public:
+  SarifResults(const RunReport &Rep, std::string Root) : Rep(Rep), Root(std::move(Root)) {}
+  json::Array build(llvm::StringMap<unsigned> &RuleIndex) {
+    json::Array Results;
+    for (size_t I = 0; I < Rep.Errors.size(); ++I) {
+      const ClangTidyError &E = Rep.Errors[I];
+      json::Object Result{{"ruleId", E.DiagnosticName},
+                          {"ruleIndex", RuleIndex[E.DiagnosticName]},
+                          {"level", levelName(E)},
+                          {"message", json::Object{{"text", E.Message.Message}}}};
+      if (!E.Message.FilePath.empty()) {
+        Result["locations"] = json::Array{
+            json::Object{{"physicalLocation", physicalLocation(Index, E.Message, Root)}}};
+        Result["partialFingerprints"] =
+            json::Object{{"tensorTidyFindingHash/v1", fingerprint(E)}};
+      }
+      json::Array Related = relatedLocations(E);
+      if (!Related.empty())
+        Result["relatedLocations"] = std::move(Related);
+      json::Array Fixes = sarifFixes(Index, E, Root);
+      if (!Fixes.empty())
+        Result["fixes"] = std::move(Fixes);
+      json::Object Properties;
+      if (const auto *F = typedAt(Rep, I))
+        Properties["tensorTidyFinding"] = toJSON(*F);
+      if (const json::Value *V = verdictAt(Rep, I))
+        Properties["tensorTidyVerify"] = *V;
+      if (!Properties.empty())
+        Result["properties"] = std::move(Properties);
+      Results.push_back(std::move(Result));
     }
+    return Results;
+  }
+
+private:
+  /// Fingerprints ignore line numbers (edits above a finding keep it) and
+  /// count repeats of the same finding on equal lines in one file.
+  std::string fingerprint(const ClangTidyError &E) {
+    Position P = Index.at(E.Message.FilePath, E.Message.FileOffset);
+    json::Object Artifact = artifactLocation(E.Message.FilePath, Root);
+    std::string Basis = E.DiagnosticName + '\0' + Artifact.getString("uri")->str() + '\0' +
+                        E.Message.Message + '\0' + llvm::StringRef(P.LineText).trim().str();
+    std::string Hash = llvm::utohexstr(llvm::xxh3_64bits(Basis), false, 16);
+    return Hash + ":" + std::to_string(++Seen[Hash]);
+  }
+  json::Array relatedLocations(const ClangTidyError &E) {
     json::Array Related;
     for (const auto &Note : E.Notes) {
       if (Note.FilePath.empty())
@@ -219,21 +237,16 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
                                      {"physicalLocation", physicalLocation(Index, Note, Root)},
                                      {"message", json::Object{{"text", Note.Message}}}});
     }
-    if (!Related.empty())
-      Result["relatedLocations"] = std::move(Related);
-    json::Array Fixes = sarifFixes(Index, E, Root);
-    if (!Fixes.empty())
-      Result["fixes"] = std::move(Fixes);
-    json::Object Properties;
-    if (const auto *F = typedAt(Rep, I))
-      Properties["tensorTidyFinding"] = toJSON(*F);
-    if (const json::Value *V = verdictAt(Rep, I))
-      Properties["tensorTidyVerify"] = *V;
-    if (!Properties.empty())
-      Result["properties"] = std::move(Properties);
-    Results.push_back(std::move(Result));
+    return Related;
   }
 
+  const RunReport &Rep;
+  std::string Root;
+  SourceIndex Index;
+  llvm::StringMap<unsigned> Seen;
+};
+
+json::Array sarifNotifications(const RunReport &Rep, llvm::StringRef Root) {
   json::Array Notifications;
   for (const auto &[File, Why] : Rep.Failures)
     Notifications.push_back(json::Object{
@@ -242,7 +255,16 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
         {"locations", json::Array{json::Object{
                           {"physicalLocation",
                            json::Object{{"artifactLocation", artifactLocation(File, Root)}}}}}}});
+  return Notifications;
+}
 
+} // namespace
+
+void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
+  std::string Root = currentDir();
+  llvm::StringMap<unsigned> RuleIndex;
+  json::Array Rules = sarifRules(Rep, RuleIndex);
+  json::Array Results = SarifResults(Rep, Root).build(RuleIndex);
   json::Object Run{
       {"tool", json::Object{{"driver", json::Object{{"name", "tensor-tidy"},
                                                     {"version", TT_VERSION},
@@ -253,7 +275,7 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
       {"columnKind", "unicodeCodePoints"},
       {"invocations", json::Array{json::Object{
                           {"executionSuccessful", Rep.Failures.empty()},
-                          {"toolExecutionNotifications", std::move(Notifications)}}}},
+                          {"toolExecutionNotifications", sarifNotifications(Rep, Root)}}}},
       {"results", std::move(Results)}};
   if (Rep.VerifySummary)
     Run["properties"] = json::Object{{"tensorTidyVerify", verifySummary(Rep)}};

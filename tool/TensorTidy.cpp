@@ -3,6 +3,7 @@
 // analysis in rules/.
 #include "Docs.h"
 #include "Driver.h"
+#include "Paths.h"
 #include "verify/Verify.h"
 
 #include "clang/Tooling/CompilationDatabase.h"
@@ -110,7 +111,7 @@ int main(int argc, const char **argv) {
   if (!DbError.empty()) {
     llvm::StringRef Line = llvm::StringRef(DbError).trim().split('\n').first;
     Line.consume_front("error: ");
-    llvm::errs() << "tensor-tidy: error: " << Line << "\n";
+    reportError(Line);
     return ExitUsage;
   }
 

@@ -304,6 +304,21 @@ std::optional<FixItHint> detachCloneFix(const AliasEdge &E, ASTContext &Ctx) {
       CharSourceRange::getTokenRange(ME->getMemberLoc(), MC->getRParenLoc()), "detach().clone()");
 }
 
+const FunctionAliasResult *analyseMatchedBody(const ast_matchers::MatchFinder::MatchResult &Result,
+                                              const TensorModel &Model, const FunctionDecl *&FD) {
+  FD = matchedBody(Result);
+  return FD ? aliasAnalysisFor(Model, *Result.Context).analyze(FD) : nullptr;
+}
+
+const AffectedHandle *pickAffected(const WriteEvent &W,
+                                   llvm::function_ref<bool(const AffectedHandle &)> Eligible) {
+  const AffectedHandle *Best = nullptr;
+  for (const AffectedHandle &A : W.Affected)
+    if (Eligible(A) && (!Best || (Best->Why != Exposure::ReadLater && A.Why == Exposure::ReadLater)))
+      Best = &A;
+  return Best;
+}
+
 Finding writeFinding(StringRef Check, HazardKind Hazard, SourceLocation Loc, const WriteEvent &W,
                      const AffectedHandle &A, const AliasEdge &E, FixKind Fix,
                      const SourceManager &SM) {

@@ -20,6 +20,11 @@ void registerBodyMatchers(ast_matchers::MatchFinder *Finder,
 // analysed here (system header, dependent, lambda seen through its class).
 const FunctionDecl *matchedBody(const ast_matchers::MatchFinder::MatchResult &Result);
 
+// The alias analysis of the body registerBodyMatchers matched (FD set to it),
+// or nullptr when it is not analysed here.
+const FunctionAliasResult *analyseMatchedBody(const ast_matchers::MatchFinder::MatchResult &Result,
+                                              const TensorModel &Model, const FunctionDecl *&FD);
+
 // "add_", "-=", or the callee of a mutating call.
 std::string writeName(const WriteEvent &W);
 std::string declName(const ValueDecl *D);
@@ -40,6 +45,11 @@ std::optional<llvm::SmallVector<FixItHint, 2>> cloneFix(const AliasEdge &E, ASTC
 
 // `a.detach()` -> `a.detach().clone()`, `a.data()` -> `a.detach().clone()`.
 std::optional<FixItHint> detachCloneFix(const AliasEdge &E, ASTContext &Ctx);
+
+// The handle a write is reported for, among those Eligible: one read later
+// first, then one that escapes.
+const AffectedHandle *pickAffected(const WriteEvent &W,
+                                   llvm::function_ref<bool(const AffectedHandle &)> Eligible);
 
 // The typed finding of a write W at Loc that changes A through edge E.
 Finding writeFinding(StringRef Check, HazardKind Hazard, SourceLocation Loc, const WriteEvent &W,

@@ -2,6 +2,7 @@
 
 #include "clang/AST/Expr.h"
 #include "clang/AST/ExprCXX.h"
+#include "clang/Basic/SourceManager.h"
 
 namespace clang::tidy::tensor {
 
@@ -23,6 +24,14 @@ Finding layoutFinding(StringRef Check, HazardKind Hazard, const Expr *Call, cons
   if (Q.Input.Assumed)
     F.Facts.push_back(Fact::AssumedContiguous);
   return F;
+}
+
+std::optional<OriginNote> originNote(const ViewQuery &Q, const Expr *Call,
+                                     const SourceManager &SM) {
+  SourceLocation OL = Q.Input.OriginLoc;
+  if (OL.isInvalid() || SM.isPointWithin(OL, Call->getBeginLoc(), Call->getEndLoc()))
+    return std::nullopt;
+  return OriginNote{OL, Q.Input.Origin};
 }
 
 } // namespace clang::tidy::tensor
