@@ -28,8 +28,8 @@ static json::Value messageToJSON(const tooling::DiagnosticMessage &M) {
                                    {"text", R.getReplacementText()}});
   json::Array Ranges;
   for (const tooling::FileByteRange &FBR : M.Ranges)
-    Ranges.push_back(json::Object{
-        {"file", FBR.FilePath}, {"offset", FBR.FileOffset}, {"length", FBR.Length}});
+    Ranges.push_back(
+        json::Object{{"file", FBR.FilePath}, {"offset", FBR.FileOffset}, {"length", FBR.Length}});
   return json::Object{{"message", M.Message},
                       {"file", M.FilePath},
                       {"offset", M.FileOffset},
@@ -87,12 +87,9 @@ static json::Value errorToJSON(const ClangTidyError &E) {
   json::Array Aliases;
   for (const auto &A : E.EnabledDiagnosticAliases)
     Aliases.push_back(A);
-  return json::Object{{"name", E.DiagnosticName},
-                      {"level", static_cast<int>(E.DiagLevel)},
-                      {"buildDir", E.BuildDirectory},
-                      {"warningAsError", E.IsWarningAsError},
-                      {"aliases", std::move(Aliases)},
-                      {"message", messageToJSON(E.Message)},
+  return json::Object{{"name", E.DiagnosticName},      {"level", static_cast<int>(E.DiagLevel)},
+                      {"buildDir", E.BuildDirectory},  {"warningAsError", E.IsWarningAsError},
+                      {"aliases", std::move(Aliases)}, {"message", messageToJSON(E.Message)},
                       {"notes", std::move(Notes)}};
 }
 
@@ -150,8 +147,7 @@ bool fromJSON(const json::Value &V, TUResult &R) {
     for (const json::Value &D : *Deps) {
       const json::Array *Pair = D.getAsArray();
       uint64_t Hash;
-      if (!Pair || Pair->size() != 2 || !(*Pair)[0].getAsString() ||
-          !(*Pair)[1].getAsString() ||
+      if (!Pair || Pair->size() != 2 || !(*Pair)[0].getAsString() || !(*Pair)[1].getAsString() ||
           (*Pair)[1].getAsString()->getAsInteger(16, Hash))
         return false;
       R.Deps.emplace_back((*Pair)[0].getAsString()->str(), Hash);

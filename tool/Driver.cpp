@@ -113,7 +113,7 @@ std::unique_ptr<ClangTidyOptionsProvider> makeProvider(const DriverOptions &Opts
     return ClangTidyOptions(); // reported by the driver; keeps the provider quiet
   };
   TensorTidyFileOptionsProvider::ConfigFileHandlers Handlers{{".tensor-tidy", Handler},
-                                                   {".clang-tidy", Handler}};
+                                                             {".clang-tidy", Handler}};
   return std::make_unique<TensorTidyFileOptionsProvider>(std::move(Default), std::move(Override),
                                                          std::move(Handlers));
 }
@@ -188,7 +188,8 @@ using StageError = std::optional<std::string>;
 
 StageError configure(Run &R) {
   std::string Error;
-  std::unique_ptr<ClangTidyOptionsProvider> Provider = makeProvider(R.Opts, R.ConfigProblems, Error);
+  std::unique_ptr<ClangTidyOptionsProvider> Provider =
+      makeProvider(R.Opts, R.ConfigProblems, Error);
   if (!Provider)
     return Error;
   R.Context = std::make_unique<ClangTidyContext>(std::move(Provider));
@@ -330,8 +331,8 @@ StageError analyse(Run &R) {
     llvm::errs() << "tensor-tidy: warning: " << *Why << "; not caching\n";
 
   std::vector<Job> &Jobs = R.Jobs;
-  bool Progress = Jobs.size() > 1 && !Opts.Quiet && !inCI() &&
-                  llvm::sys::Process::StandardErrIsDisplayed();
+  bool Progress =
+      Jobs.size() > 1 && !Opts.Quiet && !inCI() && llvm::sys::Process::StandardErrIsDisplayed();
   size_t Finished = 0;
   auto ShowProgress = [&](const Job &J) {
     ++Finished;
@@ -392,8 +393,8 @@ RunReport merge(const Run &R) {
     if (!J.Result.Crash.empty())
       Report.Failures.emplace_back(J.File, "analysing '" + J.File + "' " + J.Result.Crash);
     else if (J.Result.Failed)
-      Report.Failures.emplace_back(
-          J.File, "'" + J.File + "' could not be parsed; its results are incomplete");
+      Report.Failures.emplace_back(J.File, "'" + J.File +
+                                               "' could not be parsed; its results are incomplete");
     for (const ClangTidyError &E : J.Result.Errors) {
       std::string Key = E.DiagnosticName + '\0' + E.Message.FilePath + '\0' +
                         std::to_string(E.Message.FileOffset) + '\0' + E.Message.Message;
@@ -477,9 +478,8 @@ StageError emit(Run &R, const RunReport &Report) {
     reportError(F.second);
   unsigned NumErrors = Report.errorCount();
   if (!Opts.Quiet && R.Jobs.size() > 1)
-    llvm::errs() << "tensor-tidy: " << R.Jobs.size() << " files (" << R.Cached
-                 << " from cache), " << Report.Errors.size() - NumErrors << " warnings, "
-                 << NumErrors << " errors\n";
+    llvm::errs() << "tensor-tidy: " << R.Jobs.size() << " files (" << R.Cached << " from cache), "
+                 << Report.Errors.size() - NumErrors << " warnings, " << NumErrors << " errors\n";
   return std::nullopt;
 }
 

@@ -30,7 +30,7 @@ struct DriverOptions {
   bool Fix = false, ListChecks = false, DumpConfig = false, Quiet = false, NoCache = false;
   std::string ExportFixes, Explain, Output, CacheDir;
   OutputFormat Format = OutputFormat::Text;
-  unsigned Jobs = 0; // 0: one per core
+  unsigned Jobs = 0;       // 0: one per core
   unsigned TimeoutSec = 0; // per TU; 0: none
   /// Runs on the merged report before anything is written or fixed (the
   /// --verify hook): annotates it (verdicts, summary, text, whether

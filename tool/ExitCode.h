@@ -6,11 +6,11 @@
 namespace tensor_tidy {
 
 enum ExitCode {
-  ExitClean = 0,          // no finding at error severity
-  ExitFindings = 1,       // findings at error severity (or promoted by --warnings-as-errors)
-  ExitUsage = 2,          // bad command line, configuration or compilation database
-  ExitParseFailed = 3,    // a TU did not parse or its worker crashed; the rest is reported
-  ExitVerifyFailed = 4,   // --verify: a fix failed verification or a program could not be verified
+  ExitClean = 0,        // no finding at error severity
+  ExitFindings = 1,     // findings at error severity (or promoted by --warnings-as-errors)
+  ExitUsage = 2,        // bad command line, configuration or compilation database
+  ExitParseFailed = 3,  // a TU did not parse or its worker crashed; the rest is reported
+  ExitVerifyFailed = 4, // --verify: a fix failed verification or a program could not be verified
 };
 
 /// What a finished run found, as far as the exit code cares.

@@ -50,8 +50,6 @@ bool writeFile(llvm::StringRef Path, llvm::StringRef Text) {
   return !OS.has_error();
 }
 
-void reportError(const llvm::Twine &Msg) {
-  llvm::errs() << "tensor-tidy: error: " << Msg << "\n";
-}
+void reportError(const llvm::Twine &Msg) { llvm::errs() << "tensor-tidy: error: " << Msg << "\n"; }
 
 } // namespace tensor_tidy

@@ -4,8 +4,8 @@
 #include "Paths.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
-#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -30,9 +30,8 @@ const char *levelName(const ClangTidyError &E) {
 }
 
 unsigned RunReport::errorCount() const {
-  return llvm::count_if(Errors, [](const ClangTidyError &E) {
-    return llvm::StringRef(levelName(E)) == "error";
-  });
+  return llvm::count_if(
+      Errors, [](const ClangTidyError &E) { return llvm::StringRef(levelName(E)) == "error"; });
 }
 
 namespace {
@@ -105,8 +104,7 @@ json::Object artifactLocation(llvm::StringRef File, llvm::StringRef Root) {
   return json::Object{{"uri", "file://" + percentEncode(File)}};
 }
 
-json::Object region(SourceIndex &Index, llvm::StringRef File, unsigned Offset,
-                    unsigned Length) {
+json::Object region(SourceIndex &Index, llvm::StringRef File, unsigned Offset, unsigned Length) {
   Position B = Index.at(File, Offset), E = Index.at(File, Offset + Length);
   json::Object R{{"startLine", std::max(B.Line, 1u)}, {"startColumn", std::max(B.Column, 1u)}};
   if (E.Line) {
@@ -118,9 +116,8 @@ json::Object region(SourceIndex &Index, llvm::StringRef File, unsigned Offset,
 
 json::Object physicalLocation(SourceIndex &Index, const tooling::DiagnosticMessage &M,
                               llvm::StringRef Root) {
-  unsigned Length = M.Ranges.empty() || M.Ranges.front().FileOffset != M.FileOffset
-                        ? 0
-                        : M.Ranges.front().Length;
+  unsigned Length =
+      M.Ranges.empty() || M.Ranges.front().FileOffset != M.FileOffset ? 0 : M.Ranges.front().Length;
   return json::Object{{"artifactLocation", artifactLocation(M.FilePath, Root)},
                       {"region", region(Index, M.FilePath, M.FileOffset, Length)}};
 }
@@ -138,8 +135,9 @@ json::Array sarifFixes(SourceIndex &Index, const ClangTidyError &E, llvm::String
           {"deletedRegion", region(Index, R.getFilePath(), R.getOffset(), R.getLength())},
           {"insertedContent", json::Object{{"text", R.getReplacementText()}}}});
     if (!Repls.empty())
-      Changes.push_back(json::Object{{"artifactLocation", artifactLocation(FileAndRepls.first(), Root)},
-                                     {"replacements", std::move(Repls)}});
+      Changes.push_back(
+          json::Object{{"artifactLocation", artifactLocation(FileAndRepls.first(), Root)},
+                       {"replacements", std::move(Repls)}});
   }
   if (!Changes.empty())
     Fixes.push_back(json::Object{{"description", json::Object{{"text", E.Message.Message}}},
@@ -196,8 +194,7 @@ public:
       if (!E.Message.FilePath.empty()) {
         Result["locations"] = json::Array{
             json::Object{{"physicalLocation", physicalLocation(Index, E.Message, Root)}}};
-        Result["partialFingerprints"] =
-            json::Object{{"tensorTidyFindingHash/v1", fingerprint(E)}};
+        Result["partialFingerprints"] = json::Object{{"tensorTidyFindingHash/v1", fingerprint(E)}};
       }
       json::Array Related = relatedLocations(E);
       if (!Related.empty())
@@ -273,16 +270,15 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
       {"originalUriBaseIds",
        json::Object{{"%SRCROOT%", json::Object{{"uri", "file://" + percentEncode(Root) + "/"}}}}},
       {"columnKind", "unicodeCodePoints"},
-      {"invocations", json::Array{json::Object{
-                          {"executionSuccessful", Rep.Failures.empty()},
-                          {"toolExecutionNotifications", sarifNotifications(Rep, Root)}}}},
+      {"invocations",
+       json::Array{json::Object{{"executionSuccessful", Rep.Failures.empty()},
+                                {"toolExecutionNotifications", sarifNotifications(Rep, Root)}}}},
       {"results", std::move(Results)}};
   if (Rep.VerifySummary)
     Run["properties"] = json::Object{{"tensorTidyVerify", verifySummary(Rep)}};
-  json::Value Log = json::Object{
-      {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
-      {"version", "2.1.0"},
-      {"runs", json::Array{std::move(Run)}}};
+  json::Value Log = json::Object{{"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
+                                 {"version", "2.1.0"},
+                                 {"runs", json::Array{std::move(Run)}}};
   OS << llvm::formatv("{0:2}", Log) << "\n";
 }
 
@@ -329,15 +325,14 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
   json::Array Failures;
   for (const auto &[File, Why] : Rep.Failures)
     Failures.push_back(json::Object{{"file", File}, {"reason", Why}});
-  json::Object Out{
-      {"tool", "tensor-tidy"},
-      {"version", TT_VERSION},
-      {"diagnostics", std::move(Diags)},
-      {"failures", std::move(Failures)},
-      {"summary", json::Object{{"files", Rep.Files},
-                               {"cached", Rep.Cached},
-                               {"warnings", Warnings},
-                               {"errors", Errors}}}};
+  json::Object Out{{"tool", "tensor-tidy"},
+                   {"version", TT_VERSION},
+                   {"diagnostics", std::move(Diags)},
+                   {"failures", std::move(Failures)},
+                   {"summary", json::Object{{"files", Rep.Files},
+                                            {"cached", Rep.Cached},
+                                            {"warnings", Warnings},
+                                            {"errors", Errors}}}};
   if (Rep.VerifySummary)
     Out["verify"] = verifySummary(Rep);
   OS << llvm::formatv("{0:2}", json::Value(std::move(Out))) << "\n";

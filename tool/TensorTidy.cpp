@@ -47,9 +47,9 @@ static cl::list<std::string> ExtraArgsBefore("extra-arg-before",
                                              cl::desc("Prepend an argument to each compile"),
                                              cl::cat(Category));
 static cl::opt<bool> Fix("fix", cl::desc("Apply the fix-its in place"), cl::cat(Category));
-static cl::opt<std::string> ExportFixes("export-fixes",
-                                        cl::desc("Write fixes as YAML for clang-apply-replacements"),
-                                        cl::value_desc("file"), cl::cat(Category));
+static cl::opt<std::string>
+    ExportFixes("export-fixes", cl::desc("Write fixes as YAML for clang-apply-replacements"),
+                cl::value_desc("file"), cl::cat(Category));
 static cl::opt<bool> ListChecks("list-checks", cl::desc("List the enabled checks and exit"),
                                 cl::cat(Category));
 static cl::opt<bool> DumpConfig("dump-config",
@@ -58,25 +58,25 @@ static cl::opt<bool> DumpConfig("dump-config",
                                 cl::cat(Category));
 static cl::opt<std::string> Explain("explain", cl::desc("Print the documentation of a check"),
                                     cl::value_desc("check"), cl::cat(Category));
-static cl::opt<OutputFormat> Format(
-    "format", cl::desc("Output format"), cl::init(OutputFormat::Text),
-    cl::values(clEnumValN(OutputFormat::Text, "text", "clang-style diagnostics (default)"),
-               clEnumValN(OutputFormat::Sarif, "sarif", "SARIF 2.1.0"),
-               clEnumValN(OutputFormat::Json, "json", "tensor-tidy's JSON")),
-    cl::cat(Category));
+static cl::opt<OutputFormat>
+    Format("format", cl::desc("Output format"), cl::init(OutputFormat::Text),
+           cl::values(clEnumValN(OutputFormat::Text, "text", "clang-style diagnostics (default)"),
+                      clEnumValN(OutputFormat::Sarif, "sarif", "SARIF 2.1.0"),
+                      clEnumValN(OutputFormat::Json, "json", "tensor-tidy's JSON")),
+           cl::cat(Category));
 static cl::opt<std::string> Output("output", cl::desc("Write the report to this file"),
                                    cl::value_desc("file"), cl::cat(Category));
 static cl::alias OutputShort("o", cl::desc("Alias for --output"), cl::aliasopt(Output),
                              cl::cat(Category));
 static cl::opt<unsigned> Jobs("j", cl::Prefix, cl::desc("Parallel workers (default: one per core)"),
                               cl::init(0), cl::cat(Category));
-static cl::opt<unsigned> Timeout("timeout",
-                                 cl::desc("Give up on a TU after this many seconds (default: never)"),
-                                 cl::value_desc("seconds"), cl::init(0), cl::cat(Category));
+static cl::opt<unsigned>
+    Timeout("timeout", cl::desc("Give up on a TU after this many seconds (default: never)"),
+            cl::value_desc("seconds"), cl::init(0), cl::cat(Category));
 static cl::opt<bool> Quiet("quiet", cl::desc("No progress or summary lines"), cl::cat(Category));
-static cl::opt<std::string> CacheDir("cache-dir",
-                                     cl::desc("Result cache (default: <build-dir>/.tensor-tidy-cache)"),
-                                     cl::value_desc("dir"), cl::cat(Category));
+static cl::opt<std::string>
+    CacheDir("cache-dir", cl::desc("Result cache (default: <build-dir>/.tensor-tidy-cache)"),
+             cl::value_desc("dir"), cl::cat(Category));
 static cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the result cache"),
                              cl::cat(Category));
 

@@ -20,11 +20,8 @@ namespace {
 /// The compile commands of the one file this worker analyses.
 class OneFileDatabase : public CompilationDatabase {
 public:
-  explicit OneFileDatabase(std::vector<CompileCommand> Commands)
-      : Commands(std::move(Commands)) {}
-  std::vector<CompileCommand> getCompileCommands(StringRef) const override {
-    return Commands;
-  }
+  explicit OneFileDatabase(std::vector<CompileCommand> Commands) : Commands(std::move(Commands)) {}
+  std::vector<CompileCommand> getCompileCommands(StringRef) const override { return Commands; }
 
 private:
   std::vector<CompileCommand> Commands;
@@ -62,8 +59,7 @@ public:
     // driver does (-disable-free); for torch/torch.h that is a good part of
     // a second.
     Invocation->getFrontendOpts().DisableFree = true;
-    return FrontendActionFactory::runInvocation(Invocation, Files, PCHContainerOps,
-                                                DiagConsumer);
+    return FrontendActionFactory::runInvocation(Invocation, Files, PCHContainerOps, DiagConsumer);
   }
 
 private:
@@ -139,8 +135,8 @@ TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &C
                    const ClangTidyOptions &Options) {
   TUResult Result;
   Result.File = File;
-  ClangTidyContext Context(std::make_unique<DefaultOptionsProvider>(ClangTidyGlobalOptions(),
-                                                                    Options));
+  ClangTidyContext Context(
+      std::make_unique<DefaultOptionsProvider>(ClangTidyGlobalOptions(), Options));
   OneFileDatabase DB(Commands);
   ClangTool Tool(DB, {File});
   // Extra arguments from the configuration, as runClangTidy adds them.

@@ -55,8 +55,7 @@ RunResult execute(ArrayRef<std::string> Args, StringRef Cwd, std::optional<Array
   std::string ErrMsg;
   bool Failed = false;
   RunResult R;
-  sys::ProcessInfo PI =
-      sys::ExecuteNoWait(Refs[0], Refs, Env, Redirects, MemMB, &ErrMsg, &Failed);
+  sys::ProcessInfo PI = sys::ExecuteNoWait(Refs[0], Refs, Env, Redirects, MemMB, &ErrMsg, &Failed);
   if (!Failed)
     R.RC = waitWithDeadline(PI, Seconds, ErrMsg);
   R.Stdout = readFile(Out);

@@ -87,8 +87,8 @@ HazardJudgement reshapeHazard(const HazardInput &In, json::Object &Figures) {
   HazardJudgement J;
   J.Verdict = N.Implicit ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
   J.Evidence.push_back(
-      N.Implicit ? formatv("{0} at {1} copied {2} implicitly, {3} time{4}", N.ImplicitOp,
-                           In.Where, formatSize(N.LargestImplicit), N.Implicit, plural(N.Implicit))
+      N.Implicit ? formatv("{0} at {1} copied {2} implicitly, {3} time{4}", N.ImplicitOp, In.Where,
+                           formatSize(N.LargestImplicit), N.Implicit, plural(N.Implicit))
                        .str()
                  : "the reshape at " + In.Where + " ran as a view (no implicit copy)");
   return J;
@@ -118,8 +118,8 @@ HazardJudgement loopCopyHazard(const HazardInput &In, json::Object &Figures) {
   HazardJudgement J;
   J.Verdict = N.Allocs > 1 || N.Copies > 1 ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
   if (N.Allocs > 1)
-    J.Evidence.push_back(formatv("{0} at {1} allocated {2} times, {3} in all", N.AllocOp,
-                                 In.Where, N.Allocs, formatSize(N.AllocBytes))
+    J.Evidence.push_back(formatv("{0} at {1} allocated {2} times, {3} in all", N.AllocOp, In.Where,
+                                 N.Allocs, formatSize(N.AllocBytes))
                              .str());
   else
     J.Evidence.push_back(
@@ -182,13 +182,14 @@ HazardJudgement writeHazard(const HazardInput &In, json::Object &Figures) {
                             In.Where, W->Out, Holder)
                         .str();
     if (W->SumBefore && W->SumAfter && *W->SumBefore != *W->SumAfter)
-      S += formatv("; {0} changed from sum {1} to {2}", Name.empty() ? "its data" : "`" + Name + "`",
-                   formatNumber(*W->SumBefore), formatNumber(*W->SumAfter))
-               .str();
+      S +=
+          formatv("; {0} changed from sum {1} to {2}", Name.empty() ? "its data" : "`" + Name + "`",
+                  formatNumber(*W->SumBefore), formatNumber(*W->SumAfter))
+              .str();
     J.Evidence.push_back(S);
   } else {
-    J.Evidence.push_back(formatv("{0} at {1} wrote storage #{2}, which no other handle held",
-                                 W->Op, In.Where, W->Out)
+    J.Evidence.push_back(formatv("{0} at {1} wrote storage #{2}, which no other handle held", W->Op,
+                                 In.Where, W->Out)
                              .str());
   }
   // backward() through a saved tensor this write changed.

@@ -40,9 +40,9 @@ struct HazardJudgement {
 /// The fixed run at the lines the fix wrote and the finding's line.
 struct FixInput {
   const Trace &Orig, &Fixed;
-  std::string File;    // absolute
-  unsigned FixedLine;  // the finding's line in the fixed file
-  std::string Where;   // "file.cpp:<FixedLine>"
+  std::string File;   // absolute
+  unsigned FixedLine; // the finding's line in the fixed file
+  std::string Where;  // "file.cpp:<FixedLine>"
   std::vector<const Event *> AtFix;
 };
 /// Exactly one is set: the hazard's events are gone, or what remains.

@@ -16,9 +16,8 @@ namespace {
 
 EventKind kindOf(StringRef Ev) {
   static const std::pair<const char *, EventKind> Kinds[] = {
-      {ev::kStart, EventKind::Start}, {ev::kAlloc, EventKind::Alloc},
-      {ev::kFree, EventKind::Free},   {ev::kCopy, EventKind::Copy},
-      {ev::kWrite, EventKind::Write}, {ev::kOp, EventKind::Op},
+      {ev::kStart, EventKind::Start}, {ev::kAlloc, EventKind::Alloc}, {ev::kFree, EventKind::Free},
+      {ev::kCopy, EventKind::Copy},   {ev::kWrite, EventKind::Write}, {ev::kOp, EventKind::Op},
       {ev::kError, EventKind::Error}};
   for (const auto &[Name, Kind] : Kinds)
     if (Ev == Name)
@@ -75,8 +74,8 @@ void readFields(const json::Object &O, Event &E) {
     break;
   case EventKind::Copy: {
     StringRef CopyKind = O.getString(key::kKind).value_or("");
-    E.Implicit = CopyKind == tt::trace_schema::kCopyReshape ||
-                 CopyKind == tt::trace_schema::kCopyFlatten;
+    E.Implicit =
+        CopyKind == tt::trace_schema::kCopyReshape || CopyKind == tt::trace_schema::kCopyFlatten;
     if (CopyKind == tt::trace_schema::kCopyCopyInto || E.Op.empty())
       E.Op = CopyKind.str();
     E.Out = O.getInteger(key::kDstStorage).value_or(-1);

@@ -28,7 +28,7 @@ struct Event {
   std::int64_t Tensor = -1;         // tensor written or produced
   std::vector<std::int64_t> Inputs; // storages read
   std::uint64_t Bytes = 0;
-  bool Implicit = false; // a copy the user did not ask for (reshape/flatten)
+  bool Implicit = false;    // a copy the user did not ask for (reshape/flatten)
   std::int64_t Handles = 0; // live handles on the written storage
   bool Shared = false;      // the written storage was reachable from another live handle
   std::optional<double> SumBefore, SumAfter, Sum;
@@ -49,12 +49,14 @@ struct Trace {
   const Event *errorAt(llvm::StringRef File, unsigned Line) const;
   /// Events computed, directly or through other ops, from Storage after the
   /// in-place write to it at File:Line (the write included).
-  std::set<std::size_t> downstreamOf(std::int64_t Storage, llvm::StringRef File, unsigned Line) const;
+  std::set<std::size_t> downstreamOf(std::int64_t Storage, llvm::StringRef File,
+                                     unsigned Line) const;
   /// Events with a value digest that both traces have at the same point: same
   /// file, same line (this trace's lines mapped through MapLine), same op, same
   /// occurrence.
   std::vector<std::pair<const Event *, const Event *>>
-  pairWith(const Trace &Other, llvm::function_ref<unsigned(llvm::StringRef, unsigned)> MapLine) const;
+  pairWith(const Trace &Other,
+           llvm::function_ref<unsigned(llvm::StringRef, unsigned)> MapLine) const;
 };
 
 } // namespace tensor_tidy::verify

@@ -47,9 +47,9 @@ static cl::opt<bool> Verify("verify",
 static cl::opt<unsigned> Timeout("verify-timeout",
                                  cl::desc("Seconds each program run may take (default 20)"),
                                  cl::init(20));
-static cl::opt<unsigned> MemoryMB("verify-memory",
-                                  cl::desc("Memory limit of each program run in MiB (default 4096)"),
-                                  cl::init(4096));
+static cl::opt<unsigned>
+    MemoryMB("verify-memory", cl::desc("Memory limit of each program run in MiB (default 4096)"),
+             cl::init(4096));
 static cl::list<std::string>
     ProgramArgs("verify-arg", cl::desc("An argument passed to both programs (repeatable)"),
                 cl::value_desc("arg"));
@@ -62,7 +62,8 @@ static cl::opt<std::string>
     Cxx("verify-cxx", cl::desc("C++ compiler used to build the programs (default clang++-19)"),
         cl::init(""));
 static cl::opt<std::string>
-    KeepDir("verify-keep", cl::desc("Keep the scratch copies, binaries and traces in this directory"),
+    KeepDir("verify-keep",
+            cl::desc("Keep the scratch copies, binaries and traces in this directory"),
             cl::value_desc("dir"), cl::init(""));
 
 void registerOptions(cl::OptionCategory &Category) {
@@ -439,8 +440,8 @@ void Verifier::runProgram(Program &P, bool Fixed, const std::string &Exe) {
   std::vector<StringRef> Env(EnvStore.begin(), EnvStore.end());
   std::vector<std::string> Args = {Exe};
   Args.insert(Args.end(), ProgramArgs.begin(), ProgramArgs.end());
-  RunResult R = execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout,
-                        MemoryMB);
+  RunResult R =
+      execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, MemoryMB);
   Trace T = Trace::load(TracePath, P.Dir);
   (Fixed ? P.FixedRun : P.OrigRun) = std::move(R);
   (Fixed ? P.FixedTrace : P.OrigTrace) = std::move(T);
@@ -534,8 +535,12 @@ void Verifier::judgeFix(Program &P, Checked &F) {
     return;
   std::set<unsigned> FixLines = By->FixedLines;
   FixLines.insert(F.FixedLine);
-  FixInput In{P.OrigTrace, P.FixedTrace, F.File, F.FixedLine,
-              sys::path::filename(F.File).str() + ":" + std::to_string(F.FixedLine), {}};
+  FixInput In{P.OrigTrace,
+              P.FixedTrace,
+              F.File,
+              F.FixedLine,
+              sys::path::filename(F.File).str() + ":" + std::to_string(F.FixedLine),
+              {}};
   for (unsigned L : FixLines)
     for (const Event *E : P.FixedTrace.at(F.File, L))
       In.AtFix.push_back(E);
@@ -548,8 +553,8 @@ void Verifier::judgeFix(Program &P, Checked &F) {
     return;
   }
   if (By != &F)
-    J.Gone += formatv(" (by the fix-it of the finding at {0}:{1})",
-                      sys::path::filename(By->File), By->Line)
+    J.Gone += formatv(" (by the fix-it of the finding at {0}:{1})", sys::path::filename(By->File),
+                      By->Line)
                   .str();
   judgeSideEffects(P, F, std::move(J.Gone));
 }
@@ -663,8 +668,7 @@ void Verifier::report(RunReport &Report) {
       continue;
     OS << "verify " << relativeToCwd(PP->File) << "\n";
     for (Checked *F : PP->Findings) {
-      OS << relativeToCwd(F->File) << ":" << F->Line << ":" << F->Col << ": [" << F->Check
-         << "]\n";
+      OS << relativeToCwd(F->File) << ":" << F->Line << ":" << F->Col << ": [" << F->Check << "]\n";
       Verdict("hazard", name(F->Hazard), F->HazardEv);
       Verdict("fix", F->Fix == FixVerdict::None ? "none offered" : name(F->Fix), F->FixEv);
     }
