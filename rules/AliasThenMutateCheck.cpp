@@ -2,6 +2,7 @@
 
 #include "analysis/AnalysisManager.h"
 #include "analysis/AliasCheckSupport.h"
+#include "analysis/Finding.h"
 
 #include "clang/AST/ExprCXX.h"
 #include "llvm/ADT/DenseMap.h"
@@ -24,24 +25,15 @@ void AliasThenMutateCheck::onEndOfTranslationUnit() {
 
 // The handle the write also changes: a later read first, then an escape.
 static const AffectedHandle *pick(const WriteEvent &W) {
-  const AffectedHandle *Best = nullptr;
-  for (const AffectedHandle &A : W.Affected) {
-    if (!A.CrossedAlias || A.CrossedDetach)
-      continue;
-    if (!Best || (Best->Why != Exposure::ReadLater && A.Why == Exposure::ReadLater))
-      Best = &A;
-  }
-  return Best;
+  return pickAffected(W, [](const AffectedHandle &A) { return A.CrossedAlias && !A.CrossedDetach; });
 }
 
 void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
-  const FunctionDecl *FD = matchedBody(Result);
-  if (!FD)
-    return;
-  ASTContext &Ctx = *Result.Context;
-  const FunctionAliasResult *R = AnalysisManager::get(Model, Ctx).alias().analyze(FD);
+  const FunctionDecl *FD = nullptr;
+  const FunctionAliasResult *R = analyseMatchedBody(Result, Model, FD);
   if (!R)
     return;
+  ASTContext &Ctx = *Result.Context;
 
   // Writes through handles (not temporaries) that change another handle,
   // counted per alias creation: several writes get one clone() there.
@@ -60,11 +52,8 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
   });
   llvm::DenseSet<const Expr *> CloneOffered;
   for (const auto &[W, A] : Found) {
-    SourceLocation Loc = W->Write->getExprLoc();
-    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(W->Write))
-      if (const auto *ME = dyn_cast<MemberExpr>(MC->getCallee()->IgnoreParenImpCasts()))
-        Loc = ME->getMemberLoc();
-    if (!Reported.insert(Loc).second)
+    SourceLocation Loc = reportLoc(W->Write);
+    if (!Reported.first(Loc))
       continue;
     const AliasEdge &E = A->FirstAlias;
     std::string Op;
@@ -80,13 +69,16 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
                << (W->Via != nullptr) << writeName(*W) << declName(W->RootDecl)
                << (E.Kind == EdgeKind::MayAlias) << declName(A->Decl) << Op;
       std::optional<llvm::SmallVector<FixItHint, 2>> Fix;
+      FixKind Kind = FixKind::OutOfPlace;
       if (PerSite[E.Site] == 1 && isFullStatement(W->Write, FD->getBody()))
         Fix = outOfPlaceFix(*W, Ctx);
       if (!Fix && CloneOffered.insert(E.Site).second)
-        Fix = cloneFix(E, Ctx);
+        Fix = cloneFix(E, Ctx), Kind = FixKind::CloneAtAlias;
       if (Fix)
         for (const FixItHint &H : *Fix)
           D << H;
+      emitFinding(writeFinding(getID(), HazardKind::SharedStorageWrite, Loc, *W, *A, E,
+                               Fix ? Kind : FixKind::None, Ctx.getSourceManager()));
     }
     if (E.Site)
       diag(E.Site->getBeginLoc(),

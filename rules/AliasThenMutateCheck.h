@@ -18,7 +18,7 @@ public:
   void onEndOfTranslationUnit() override;
 
 private:
-  llvm::DenseSet<SourceLocation> Reported;
+  ReportedOnce Reported;
 };
 
 } // namespace clang::tidy::tensor

@@ -1,5 +1,8 @@
 #include "CloneInLoopCheck.h"
 
+#include "analysis/Finding.h"
+#include "analysis/LayoutCheckSupport.h"
+
 #include "clang/AST/ExprCXX.h"
 #include "clang/AST/ParentMapContext.h"
 #include "clang/AST/RecursiveASTVisitor.h"
@@ -91,6 +94,25 @@ CharSourceRange wholeLines(const DeclStmt *DS, const SourceManager &SM) {
 // ", 80 bytes each time" -> " (80 bytes each time)".
 std::string wrap(const std::string &Each) {
   return Each.empty() ? "" : " (" + Each.substr(2) + ")";
+}
+
+// The typed finding of a copy of a loop-invariant Src in Loop.
+Finding copyInLoopFinding(StringRef Check, const CXXMemberCallExpr *Call, const Expr *Src,
+                          const Stmt *Loop, bool Written, FixKind Fix, const SourceManager &SM) {
+  Finding F;
+  F.Check = Check.str();
+  F.Hazard = HazardKind::LoopInvariantCopy;
+  F.Where = SourcePoint::at(reportLoc(Call), SM);
+  F.Op = F.Where;
+  F.OpName = Call->getMethodDecl()->getNameAsString();
+  F.Origin = SourcePoint::at(Loop->getBeginLoc(), SM);
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(Src->IgnoreParenImpCasts()))
+    F.Handles.push_back(handleOf(HandleRole::Source, DRE->getDecl(), SM));
+  F.Fix = Fix;
+  F.Facts.push_back(Fact::LoopInvariant);
+  if (Written)
+    F.Facts.push_back(Fact::WrittenInLoop);
+  return F;
 }
 
 } // namespace
@@ -205,13 +227,19 @@ void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
     return;
   LoopAnalysis::Use U = LA->usesOfTemporary(Call, Loop);
   const auto *ME = dyn_cast<MemberExpr>(Call->getCallee());
-  if (U.Escapes || !ME || !Reported.insert(ME->getMemberLoc()).second)
+  if (U.Escapes || !ME || !Reported.first(ME->getMemberLoc()))
     return;
   StringRef SrcText = Lexer::getSourceText(CharSourceRange::getTokenRange(Src->getSourceRange()),
                                            *Result.SourceManager, getLangOpts());
+  auto Fixes = hoistFixes(Call, Loop, *LA, U, SrcText, Ctx);
   auto D = diag(ME->getMemberLoc(), message(Call, SrcText, U, Lay));
-  for (const FixItHint &F : hoistFixes(Call, Loop, *LA, U, SrcText, Ctx))
+  for (const FixItHint &F : Fixes)
     D << F;
+  FixKind Fix = Fixes.empty()        ? FixKind::None
+                : Fixes.size() == 1 ? FixKind::UseSource
+                : U.Written         ? FixKind::HoistAndCopyInto
+                                    : FixKind::HoistOutOfLoop;
+  emitFinding(copyInLoopFinding(getID(), Call, Src, Loop, U.Written, Fix, *Result.SourceManager));
 }
 
 } // namespace clang::tidy::tensor

@@ -22,7 +22,7 @@ public:
 private:
   std::string message(const CXXMemberCallExpr *Call, StringRef SrcText,
                       const LoopAnalysis::Use &U, const LayoutAnalysis *Lay) const;
-  llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
+  ReportedOnce Reported; // template instantiations repeat a call
 };
 
 } // namespace clang::tidy::tensor

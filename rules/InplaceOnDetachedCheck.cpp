@@ -2,6 +2,7 @@
 
 #include "analysis/AnalysisManager.h"
 #include "analysis/AliasCheckSupport.h"
+#include "analysis/Finding.h"
 
 #include "clang/AST/ExprCXX.h"
 
@@ -29,30 +30,22 @@ void InplaceOnDetachedCheck::onEndOfTranslationUnit() {
 }
 
 void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
-  const FunctionDecl *FD = matchedBody(Result);
-  if (!FD)
-    return;
-  ASTContext &Ctx = *Result.Context;
-  const FunctionAliasResult *R = AnalysisManager::get(Model, Ctx).alias().analyze(FD);
+  const FunctionDecl *FD = nullptr;
+  const FunctionAliasResult *R = analyseMatchedBody(Result, Model, FD);
   if (!R)
     return;
+  ASTContext &Ctx = *Result.Context;
   for (const WriteEvent &W : R->Writes) {
     // `p.detach().zero_()` plainly means to write p.
     if (!W.RootDecl && IgnoreDirectChains)
       continue;
-    const AffectedHandle *A = nullptr;
-    for (const AffectedHandle &C : W.Affected)
-      if (C.CrossedDetach && (!A || (A->Why != Exposure::ReadLater && C.Why == Exposure::ReadLater)))
-        A = &C;
+    const AffectedHandle *A = pickAffected(W, [](const AffectedHandle &C) { return C.CrossedDetach; });
     if (!A || !A->FirstDetach.Site)
       continue;
     if (IgnoreUnderNoGrad && isUnderNoGrad(W.Write, FD->getBody()))
       continue;
-    SourceLocation Loc = W.Write->getExprLoc();
-    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(W.Write))
-      if (const auto *ME = dyn_cast<MemberExpr>(MC->getCallee()->IgnoreParenImpCasts()))
-        Loc = ME->getMemberLoc();
-    if (!Reported.insert(Loc).second)
+    SourceLocation Loc = reportLoc(W.Write);
+    if (!Reported.first(Loc))
       continue;
     const AliasEdge &E = A->FirstDetach;
     std::string Op = "detach";
@@ -68,8 +61,12 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
                          "change}5")
                << (W.Via != nullptr) << writeName(W) << Handle << declName(A->Decl) << Op
                << (E.Kind == EdgeKind::Data);
-      if (std::optional<FixItHint> Fix = detachCloneFix(E, Ctx))
+      std::optional<FixItHint> Fix = detachCloneFix(E, Ctx);
+      if (Fix)
         D << *Fix;
+      emitFinding(writeFinding(getID(), HazardKind::DetachedWrite, Loc, W, *A, E,
+                               Fix ? FixKind::DetachClone : FixKind::None,
+                               Ctx.getSourceManager()));
     }
     diag(E.Site->getBeginLoc(), "'%0' is detached here; use 'detach().clone()' for a copy the "
                                 "code can own",

@@ -20,7 +20,7 @@ public:
 private:
   const bool IgnoreDirectChains;
   const bool IgnoreUnderNoGrad;
-  llvm::DenseSet<SourceLocation> Reported;
+  ReportedOnce Reported;
 };
 
 } // namespace clang::tidy::tensor

@@ -1,5 +1,7 @@
 #include "ReshapeNonContiguousCheck.h"
 
+#include "analysis/LayoutCheckSupport.h"
+
 #include "clang/AST/ExprCXX.h"
 #include "clang/ASTMatchers/ASTMatchFinder.h"
 
@@ -29,7 +31,7 @@ void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
   const auto *ME = MC ? dyn_cast<MemberExpr>(MC->getCallee()) : nullptr;
   SourceLocation Loc = ME ? ME->getMemberLoc() : Call->getExprLoc();
-  if (!Reported.insert(Loc).second)
+  if (!Reported.first(Loc))
     return;
 
   std::string Name = Call->getDirectCallee()->getName().str();
@@ -49,14 +51,18 @@ void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   Msg += Name == "reshape" ? ".view(...)'" : "." + Name + "(...)'";
   {
     auto D = diag(Loc, Msg);
-    if (ME && !Loc.isMacroID() && !ME->isArrow() && !inTemplateInstantiation(Call, *Result.Context))
+    bool Fixable =
+        ME && !Loc.isMacroID() && !ME->isArrow() && !inTemplateInstantiation(Call, *Result.Context);
+    if (Fixable)
       D << FixItHint::CreateReplacement(ME->getMemberLoc(), Name == "reshape"
                                                                 ? "contiguous().view"
                                                                 : "contiguous()." + Name);
+    emitFinding(layoutFinding(getID(), HazardKind::ImplicitCopy, Call, *Q,
+                              Fixable ? FixKind::ContiguousFirst : FixKind::None,
+                              *Result.SourceManager));
   }
-  SourceLocation OL = Q->Input.OriginLoc;
-  if (OL.isValid() && !Result.SourceManager->isPointWithin(OL, Call->getBeginLoc(), Call->getEndLoc()))
-    diag(OL, "made non-contiguous here by '%0'", DiagnosticIDs::Note) << Q->Input.Origin;
+  if (auto N = originNote(*Q, Call, *Result.SourceManager))
+    diag(N->Loc, OriginNote::Format, DiagnosticIDs::Note) << N->Origin;
 }
 
 } // namespace clang::tidy::tensor

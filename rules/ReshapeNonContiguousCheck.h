@@ -20,7 +20,7 @@ public:
   }
 
 private:
-  llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
+  ReportedOnce Reported; // template instantiations repeat a call
 };
 
 } // namespace clang::tidy::tensor

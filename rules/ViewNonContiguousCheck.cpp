@@ -1,5 +1,7 @@
 #include "ViewNonContiguousCheck.h"
 
+#include "analysis/LayoutCheckSupport.h"
+
 #include "clang/AST/ExprCXX.h"
 #include "clang/ASTMatchers/ASTMatchFinder.h"
 
@@ -39,7 +41,7 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   if (!Q || Q->Result != ViewQuery::NotViewable)
     return;
   const auto *ME = dyn_cast<MemberExpr>(View->getCallee());
-  if (!ME || !Reported.insert(ME->getMemberLoc()).second)
+  if (!ME || !Reported.first(ME->getMemberLoc()))
     return;
 
   std::string What = Q->Input.Origin.empty()
@@ -70,14 +72,19 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   {
     auto D = diag(ME->getMemberLoc(), Msg,
                   severity(*Q));
-    if (!ME->getMemberLoc().isMacroID() && !ME->isArrow() &&
-        !inTemplateInstantiation(View, *Result.Context))
+    bool Fixable = !ME->getMemberLoc().isMacroID() && !ME->isArrow() &&
+                   !inTemplateInstantiation(View, *Result.Context);
+    if (Fixable)
       D << (Known ? FixItHint::CreateInsertion(ME->getMemberLoc(), "contiguous().")
                   : FixItHint::CreateReplacement(ME->getMemberLoc(), Reshape));
+    emitFinding(layoutFinding(getID(), HazardKind::ViewThrows, View, *Q,
+                              !Fixable ? FixKind::None
+                              : Known  ? FixKind::ContiguousFirst
+                                       : FixKind::ReshapeForView,
+                              *Result.SourceManager));
   }
-  SourceLocation OL = Q->Input.OriginLoc;
-  if (OL.isValid() && !Result.SourceManager->isPointWithin(OL, View->getBeginLoc(), View->getEndLoc()))
-    diag(OL, "made non-contiguous here by '%0'", DiagnosticIDs::Note) << Q->Input.Origin;
+  if (auto N = originNote(*Q, View, *Result.SourceManager))
+    diag(N->Loc, OriginNote::Format, DiagnosticIDs::Note) << N->Origin;
 }
 
 } // namespace clang::tidy::tensor

@@ -25,7 +25,7 @@ private:
   DiagnosticIDs::Level severity(const ViewQuery &Q) const;
   // Layouts that throw for every size > 1 (run-time sizes): error or warning.
   const bool UnprovenAsError;
-  llvm::DenseSet<SourceLocation> Reported; // template instantiations repeat a call
+  ReportedOnce Reported; // template instantiations repeat a call
 };
 
 } // namespace clang::tidy::tensor

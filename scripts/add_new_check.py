@@ -64,6 +64,8 @@ def main():
     for f in files:
         print("created", os.path.relpath(f, root))
     print("registered %s in rules/TensorTidyModule.cpp and rules/CMakeLists.txt" % a.check)
+    print("next: emit a tensor::Finding next to each diag() and add the check's row to "
+          "tool/verify/Rules.cpp (--verify's evidence)")
 
 
 HEADER = """#pragma once
@@ -100,7 +102,13 @@ void @CLASS@::registerMatchers(MatchFinder *Finder) {
 }
 
 void @CLASS@::check(const MatchFinder::MatchResult &Result) {
-  // FIXME: diagnose, with a fix-it where one is safe.
+  // FIXME: diagnose, with a fix-it where one is safe (once per location:
+  // ReportedOnce), and emit the typed finding next to the diagnostic:
+  //   Finding F;
+  //   F.Check = getID().str();
+  //   F.Hazard = HazardKind::...; F.Where = SourcePoint::at(Loc, *Result.SourceManager); ...
+  //   emitFinding(std::move(F));
+  // (rules/analysis/Finding.h), then add its row to tool/verify/Rules.cpp.
 }
 
 } // namespace clang::tidy::tensor

@@ -28,8 +28,8 @@ static json::Value messageToJSON(const tooling::DiagnosticMessage &M) {
                                    {"text", R.getReplacementText()}});
   json::Array Ranges;
   for (const tooling::FileByteRange &FBR : M.Ranges)
-    Ranges.push_back(json::Object{
-        {"file", FBR.FilePath}, {"offset", FBR.FileOffset}, {"length", FBR.Length}});
+    Ranges.push_back(
+        json::Object{{"file", FBR.FilePath}, {"offset", FBR.FileOffset}, {"length", FBR.Length}});
   return json::Object{{"message", M.Message},
                       {"file", M.FilePath},
                       {"offset", M.FileOffset},
@@ -87,12 +87,9 @@ static json::Value errorToJSON(const ClangTidyError &E) {
   json::Array Aliases;
   for (const auto &A : E.EnabledDiagnosticAliases)
     Aliases.push_back(A);
-  return json::Object{{"name", E.DiagnosticName},
-                      {"level", static_cast<int>(E.DiagLevel)},
-                      {"buildDir", E.BuildDirectory},
-                      {"warningAsError", E.IsWarningAsError},
-                      {"aliases", std::move(Aliases)},
-                      {"message", messageToJSON(E.Message)},
+  return json::Object{{"name", E.DiagnosticName},      {"level", static_cast<int>(E.DiagLevel)},
+                      {"buildDir", E.BuildDirectory},  {"warningAsError", E.IsWarningAsError},
+                      {"aliases", std::move(Aliases)}, {"message", messageToJSON(E.Message)},
                       {"notes", std::move(Notes)}};
 }
 
@@ -130,10 +127,14 @@ json::Value toJSON(const TUResult &R) {
     Deps.push_back(json::Array{D.first, llvm::utohexstr(D.second)});
   for (const auto &E : R.Errors)
     Errors.push_back(errorToJSON(E));
+  json::Array Findings;
+  for (const auto &F : R.Findings)
+    Findings.push_back(toJSON(F));
   return json::Object{{"file", R.File},
                       {"failed", R.Failed},
                       {"deps", std::move(Deps)},
-                      {"errors", std::move(Errors)}};
+                      {"errors", std::move(Errors)},
+                      {"findings", std::move(Findings)}};
 }
 
 bool fromJSON(const json::Value &V, TUResult &R) {
@@ -146,8 +147,7 @@ bool fromJSON(const json::Value &V, TUResult &R) {
     for (const json::Value &D : *Deps) {
       const json::Array *Pair = D.getAsArray();
       uint64_t Hash;
-      if (!Pair || Pair->size() != 2 || !(*Pair)[0].getAsString() ||
-          !(*Pair)[1].getAsString() ||
+      if (!Pair || Pair->size() != 2 || !(*Pair)[0].getAsString() || !(*Pair)[1].getAsString() ||
           (*Pair)[1].getAsString()->getAsInteger(16, Hash))
         return false;
       R.Deps.emplace_back((*Pair)[0].getAsString()->str(), Hash);
@@ -156,6 +156,12 @@ bool fromJSON(const json::Value &V, TUResult &R) {
     for (const json::Value &E : *Errors)
       if (!errorFromJSON(E, R.Errors))
         return false;
+  if (const json::Array *Findings = O->getArray("findings"))
+    for (const json::Value &F : *Findings) {
+      R.Findings.emplace_back();
+      if (!clang::tidy::tensor::fromJSON(F, R.Findings.back()))
+        return false;
+    }
   return true;
 }
 

@@ -4,6 +4,7 @@
 #define TENSOR_TIDY_TOOL_DIAGNOSTICS_H
 
 #include "ClangTidyDiagnosticConsumer.h"
+#include "analysis/Finding.h"
 #include "llvm/Support/JSON.h"
 #include <cstdint>
 #include <string>
@@ -22,6 +23,8 @@ struct TUResult {
   /// Every file the TU read, with a hash of the contents it saw.
   std::vector<std::pair<std::string, uint64_t>> Deps;
   std::vector<clang::tidy::ClangTidyError> Errors;
+  /// The checks' typed findings (rules/analysis/Finding.h), paths absolute.
+  std::vector<clang::tidy::tensor::Finding> Findings;
   bool FromCache = false;
 };
 

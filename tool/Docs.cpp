@@ -21,9 +21,7 @@ static std::string docsDir() {
   return std::string(Dir);
 }
 
-static std::string fileUri(llvm::StringRef Path) {
-  return "file://" + Path.str();
-}
+static std::string fileUri(llvm::StringRef Path) { return "file://" + Path.str(); }
 
 /// The first paragraph after the title, joined into one line.
 static std::string firstParagraph(llvm::StringRef Md) {
@@ -70,9 +68,8 @@ CheckDoc findCheckDoc(llvm::StringRef Check) {
   if (!Check.starts_with("tensor-")) {
     auto [Module, Name] = Check.split('-');
     if (!Name.empty())
-      Doc.HelpUri = ("https://clang.llvm.org/extra/clang-tidy/checks/" + Module + "/" + Name +
-                     ".html")
-                        .str();
+      Doc.HelpUri =
+          ("https://clang.llvm.org/extra/clang-tidy/checks/" + Module + "/" + Name + ".html").str();
     return Doc;
   }
   // Check names are globs elsewhere: keep paths to plain names.

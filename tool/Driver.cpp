@@ -2,6 +2,7 @@
 
 #include "Cache.h"
 #include "Docs.h"
+#include "Paths.h"
 #include "Report.h"
 #include "Scheduler.h"
 #include "Worker.h"
@@ -34,11 +35,6 @@ using clang::tooling::CompileCommand;
 
 namespace tensor_tidy {
 namespace {
-
-int fail(const llvm::Twine &Msg, int Code = ExitUsage) {
-  llvm::errs() << "tensor-tidy: error: " << Msg << "\n";
-  return Code;
-}
 
 /// Configuration problems found while reading .tensor-tidy/.clang-tidy files.
 using ConfigErrors = std::shared_ptr<std::vector<std::string>>;
@@ -117,25 +113,9 @@ std::unique_ptr<ClangTidyOptionsProvider> makeProvider(const DriverOptions &Opts
     return ClangTidyOptions(); // reported by the driver; keeps the provider quiet
   };
   TensorTidyFileOptionsProvider::ConfigFileHandlers Handlers{{".tensor-tidy", Handler},
-                                                   {".clang-tidy", Handler}};
+                                                             {".clang-tidy", Handler}};
   return std::make_unique<TensorTidyFileOptionsProvider>(std::move(Default), std::move(Override),
                                                          std::move(Handlers));
-}
-
-std::string absolute(llvm::StringRef Path) {
-  llvm::SmallString<256> P(Path);
-  llvm::sys::fs::make_absolute(P);
-  llvm::sys::path::remove_dots(P, /*remove_dot_dot=*/true);
-  return std::string(P);
-}
-
-std::string relativeToCwd(llvm::StringRef Path) {
-  llvm::SmallString<256> Cwd;
-  llvm::sys::fs::current_path(Cwd);
-  llvm::StringRef Rel = Path;
-  if (Rel.consume_front(Cwd) && Rel.consume_front("/"))
-    return Rel.str();
-  return Path.str();
 }
 
 bool inCI() {
@@ -189,147 +169,170 @@ void withStdout(int Fd, llvm::function_ref<void()> Body) {
   close(Saved);
 }
 
-} // namespace
+/// The state the stages of one run share.
+struct Run {
+  DriverOptions &Opts;
+  ConfigErrors ConfigProblems = std::make_shared<std::vector<std::string>>();
+  std::unique_ptr<ClangTidyContext> Context;
+  std::unique_ptr<tooling::CompilationDatabase> DB;
+  bool FromFlags = false;
+  std::vector<std::string> Files;
+  std::vector<Job> Jobs;
+  int OutFd = -1;
+  std::unique_ptr<llvm::raw_fd_ostream> FixesOS;
+  unsigned Cached = 0;
+};
 
-int runDriver(DriverOptions &Opts) {
+/// A stage's result: empty, or why the run stops with a usage error.
+using StageError = std::optional<std::string>;
+
+StageError configure(Run &R) {
+  std::string Error;
+  std::unique_ptr<ClangTidyOptionsProvider> Provider =
+      makeProvider(R.Opts, R.ConfigProblems, Error);
+  if (!Provider)
+    return Error;
+  R.Context = std::make_unique<ClangTidyContext>(std::move(Provider));
+  if (!R.ConfigProblems->empty())
+    return R.ConfigProblems->front();
+  for (std::string &F : R.Opts.Files)
+    F = absolutePath(F);
+  return std::nullopt;
+}
+
+/// --explain, --list-checks, --dump-config: answered without analysing.
+StageError answerQuery(Run &R) {
+  const DriverOptions &Opts = R.Opts;
   if (!Opts.Explain.empty()) {
     CheckDoc Doc = findCheckDoc(Opts.Explain);
     if (Doc.Path.empty())
-      return fail("no documentation for check '" + Opts.Explain + "' (see --list-checks)");
+      return "no documentation for check '" + Opts.Explain + "' (see --list-checks)";
     llvm::outs() << Doc.Markdown;
-    return ExitClean;
+    return std::nullopt;
   }
-
-  auto Errors = std::make_shared<std::vector<std::string>>();
-  std::string Error;
-  std::unique_ptr<ClangTidyOptionsProvider> Provider = makeProvider(Opts, Errors, Error);
-  if (!Provider)
-    return fail(Error);
-  ClangTidyContext Context(std::move(Provider));
-  if (!Errors->empty())
-    return fail(Errors->front());
-
-  for (std::string &F : Opts.Files)
-    F = absolute(F);
-
-  if (Opts.ListChecks || Opts.DumpConfig) {
-    std::string File = Opts.Files.empty() ? absolute("dummy.cpp") : Opts.Files.front();
-    ClangTidyOptions Effective = Context.getOptionsForFile(File);
-    if (!Errors->empty())
-      return fail(Errors->front());
-    if (Opts.DumpConfig) {
-      // Every option of the enabled checks, as they read it, then any other
-      // key the configuration sets.
-      ClangTidyOptions::OptionMap CheckOptions = getCheckOptions(Effective, false);
-      for (const auto &KV : Effective.CheckOptions)
-        CheckOptions.try_emplace(KV.getKey(), KV.getValue());
-      Effective.CheckOptions = std::move(CheckOptions);
-      llvm::outs() << configurationAsText(Effective) << "\n";
-      return ExitClean;
-    }
-    llvm::outs() << "Enabled checks:\n";
-    for (const std::string &Name : getCheckNames(Effective, false))
-      llvm::outs() << "    " << Name << "\n";
-    llvm::outs() << "\n";
-    return ExitClean;
+  std::string File = Opts.Files.empty() ? absolutePath("dummy.cpp") : Opts.Files.front();
+  ClangTidyOptions Effective = R.Context->getOptionsForFile(File);
+  if (!R.ConfigProblems->empty())
+    return R.ConfigProblems->front();
+  if (Opts.DumpConfig) {
+    // Every option of the enabled checks, as they read it, then any other
+    // key the configuration sets.
+    ClangTidyOptions::OptionMap CheckOptions = getCheckOptions(Effective, false);
+    for (const auto &KV : Effective.CheckOptions)
+      CheckOptions.try_emplace(KV.getKey(), KV.getValue());
+    Effective.CheckOptions = std::move(CheckOptions);
+    llvm::outs() << configurationAsText(Effective) << "\n";
+    return std::nullopt;
   }
+  llvm::outs() << "Enabled checks:\n";
+  for (const std::string &Name : getCheckNames(Effective, false))
+    llvm::outs() << "    " << Name << "\n";
+  llvm::outs() << "\n";
+  return std::nullopt;
+}
 
+StageError loadDatabase(Run &R) {
+  const DriverOptions &Opts = R.Opts;
   for (const std::string &F : Opts.Files) {
     if (!llvm::sys::fs::exists(F))
-      return fail("no such file: '" + F + "'");
+      return "no such file: '" + F + "'";
     if (llvm::sys::fs::is_directory(F))
-      return fail("'" + F + "' is a directory, not a source file");
+      return "'" + F + "' is a directory, not a source file";
   }
-
-  // The compilation database.
-  std::unique_ptr<tooling::CompilationDatabase> DB = std::move(Opts.FixedDatabase);
-  bool FromFlags = DB != nullptr;
-  if (DB && !Opts.BuildPath.empty())
-    return fail("-p and '-- <compiler flags>' cannot be used together");
-  if (!DB && !Opts.BuildPath.empty()) {
-    std::string Why;
+  R.DB = std::move(R.Opts.FixedDatabase);
+  R.FromFlags = R.DB != nullptr;
+  if (R.DB && !Opts.BuildPath.empty())
+    return std::string("-p and '-- <compiler flags>' cannot be used together");
+  std::string Why;
+  if (!R.DB && !Opts.BuildPath.empty()) {
     if (!llvm::sys::fs::is_directory(Opts.BuildPath))
-      return fail("build directory '" + Opts.BuildPath + "' does not exist");
-    DB = tooling::CompilationDatabase::loadFromDirectory(Opts.BuildPath, Why);
-    if (!DB)
-      return fail("cannot load the compilation database in '" + Opts.BuildPath +
-                  "': " + llvm::StringRef(Why).trim().split('\n').first);
+      return "build directory '" + Opts.BuildPath + "' does not exist";
+    R.DB = tooling::CompilationDatabase::loadFromDirectory(Opts.BuildPath, Why);
+    if (!R.DB)
+      return "cannot load the compilation database in '" + Opts.BuildPath +
+             "': " + llvm::StringRef(Why).trim().split('\n').first.str();
   }
-  if (!DB && !Opts.Files.empty()) {
-    std::string Why;
-    DB = tooling::CompilationDatabase::autoDetectFromSource(Opts.Files.front(), Why);
-    if (!DB)
-      return fail("no compilation database found for '" + Opts.Files.front() +
-                  "'; pass -p <build-dir> or '-- <compiler flags>'");
+  if (!R.DB && !Opts.Files.empty()) {
+    R.DB = tooling::CompilationDatabase::autoDetectFromSource(Opts.Files.front(), Why);
+    if (!R.DB)
+      return "no compilation database found for '" + Opts.Files.front() +
+             "'; pass -p <build-dir> or '-- <compiler flags>'";
   }
-  if (!DB)
-    return fail("no input files; pass files, or -p <build-dir> to analyse every file in its "
-                "compile_commands.json");
+  if (!R.DB)
+    return std::string("no input files; pass files, or -p <build-dir> to analyse every file in "
+                       "its compile_commands.json");
+  R.Files = Opts.Files;
+  if (R.Files.empty()) {
+    R.Files = R.DB->getAllFiles();
+    llvm::sort(R.Files);
+    R.Files.erase(std::unique(R.Files.begin(), R.Files.end()), R.Files.end());
+    if (R.Files.empty())
+      return "the compilation database in '" + Opts.BuildPath + "' has no entries";
+  }
+  return std::nullopt;
+}
 
-  std::vector<std::string> Files = Opts.Files;
-  if (Files.empty()) {
-    Files = DB->getAllFiles();
-    llvm::sort(Files);
-    Files.erase(std::unique(Files.begin(), Files.end()), Files.end());
-    if (Files.empty())
-      return fail("the compilation database in '" + Opts.BuildPath + "' has no entries");
-  }
-
+StageError makeJobs(Run &R) {
   // JSON databases infer commands for files they do not list (clangd's
   // interpolation); a file named on the command line must be listed.
   llvm::StringSet<> Listed;
-  if (!FromFlags)
-    for (const std::string &F : DB->getAllFiles())
-      Listed.insert(absolute(F));
-
-  std::vector<Job> Jobs;
+  if (!R.FromFlags)
+    for (const std::string &F : R.DB->getAllFiles())
+      Listed.insert(absolutePath(F));
   llvm::StringMap<bool> HasChecks;
-  for (const std::string &F : Files) {
+  for (const std::string &F : R.Files) {
     Job J;
     J.File = F;
-    J.Commands = DB->getCompileCommands(F);
+    J.Commands = R.DB->getCompileCommands(F);
     if (J.Commands.empty() || (!Listed.empty() && !Listed.contains(F)))
-      return fail("'" + F + "' is not in the compilation database" +
-                  (Opts.BuildPath.empty() ? "" : " in '" + Opts.BuildPath + "'"));
-    J.Options = Context.getOptionsForFile(F);
-    if (!Errors->empty())
-      return fail(Errors->front());
+      return "'" + F + "' is not in the compilation database" +
+             (R.Opts.BuildPath.empty() ? "" : " in '" + R.Opts.BuildPath + "'");
+    J.Options = R.Context->getOptionsForFile(F);
+    if (!R.ConfigProblems->empty())
+      return R.ConfigProblems->front();
     std::string Checks = J.Options.Checks.value_or("");
     auto [It, New] = HasChecks.try_emplace(Checks, false);
     if (New)
       It->second = !getCheckNames(J.Options, false).empty();
     if (!It->second)
-      return fail("no checks enabled (Checks: '" + Checks + "')");
-    Jobs.push_back(std::move(J));
+      return "no checks enabled (Checks: '" + Checks + "')";
+    R.Jobs.push_back(std::move(J));
   }
+  return std::nullopt;
+}
 
-  // Outputs are opened before the work so that a bad path fails fast.
-  int OutFd = -1;
+/// Outputs are opened before the work so that a bad path fails fast.
+StageError openOutputs(Run &R) {
+  const DriverOptions &Opts = R.Opts;
   if (!Opts.Output.empty())
-    if (std::error_code EC = llvm::sys::fs::openFileForWrite(Opts.Output, OutFd))
-      return fail("cannot write '" + Opts.Output + "': " + EC.message());
-  std::unique_ptr<llvm::raw_fd_ostream> FixesOS;
+    if (std::error_code EC = llvm::sys::fs::openFileForWrite(Opts.Output, R.OutFd))
+      return "cannot write '" + Opts.Output + "': " + EC.message();
   if (!Opts.ExportFixes.empty()) {
     std::error_code EC;
-    FixesOS = std::make_unique<llvm::raw_fd_ostream>(Opts.ExportFixes, EC);
+    R.FixesOS = std::make_unique<llvm::raw_fd_ostream>(Opts.ExportFixes, EC);
     if (EC)
-      return fail("cannot write '" + Opts.ExportFixes + "': " + EC.message());
+      return "cannot write '" + Opts.ExportFixes + "': " + EC.message();
   }
+  return std::nullopt;
+}
 
-  // The cache, then workers for what it does not have.
+/// The cache, then workers for what it does not have.
+StageError analyse(Run &R) {
+  const DriverOptions &Opts = R.Opts;
   std::string CacheDir;
   if (!Opts.NoCache) {
     if (!Opts.CacheDir.empty())
-      CacheDir = absolute(Opts.CacheDir);
+      CacheDir = absolutePath(Opts.CacheDir);
     else if (!Opts.BuildPath.empty())
-      CacheDir = absolute(Opts.BuildPath + "/.tensor-tidy-cache");
+      CacheDir = absolutePath(Opts.BuildPath + "/.tensor-tidy-cache");
   }
   ResultCache Cache(CacheDir);
   if (auto Why = Cache.prepare())
     llvm::errs() << "tensor-tidy: warning: " << *Why << "; not caching\n";
 
-  bool Progress = Jobs.size() > 1 && !Opts.Quiet && !inCI() &&
-                  llvm::sys::Process::StandardErrIsDisplayed();
+  std::vector<Job> &Jobs = R.Jobs;
+  bool Progress =
+      Jobs.size() > 1 && !Opts.Quiet && !inCI() && llvm::sys::Process::StandardErrIsDisplayed();
   size_t Finished = 0;
   auto ShowProgress = [&](const Job &J) {
     ++Finished;
@@ -337,9 +340,7 @@ int runDriver(DriverOptions &Opts) {
       llvm::errs() << "\r\x1b[K[" << Finished << "/" << Jobs.size() << "] "
                    << relativeToCwd(J.File);
   };
-
   std::vector<size_t> Pending;
-  unsigned Cached = 0;
   for (size_t I = 0; I < Jobs.size(); ++I) {
     if (!Cache.enabled()) {
       Pending.push_back(I);
@@ -348,7 +349,7 @@ int runDriver(DriverOptions &Opts) {
     Jobs[I].Key = cacheKey(Jobs[I], Cache);
     if (std::optional<TUResult> Hit = Cache.lookup(Jobs[I].Key)) {
       Jobs[I].Result = std::move(*Hit);
-      ++Cached;
+      ++R.Cached;
       ShowProgress(Jobs[I]);
     } else {
       Pending.push_back(I);
@@ -358,112 +359,170 @@ int runDriver(DriverOptions &Opts) {
   std::string WorkerError = runInWorkers(
       Workers, Opts.TimeoutSec, Pending,
       [&](size_t I) { return analyzeTU(Jobs[I].File, Jobs[I].Commands, Jobs[I].Options); },
-      [&](size_t I, TUResult R) {
-        R.File = Jobs[I].File;
-        Cache.store(Jobs[I].Key, R);
-        Jobs[I].Result = std::move(R);
+      [&](size_t I, TUResult Result) {
+        Result.File = Jobs[I].File;
+        Cache.store(Jobs[I].Key, Result);
+        Jobs[I].Result = std::move(Result);
         ShowProgress(Jobs[I]);
       });
   if (Progress)
     llvm::errs() << "\r\x1b[K";
   if (!WorkerError.empty())
-    return fail(WorkerError);
+    return WorkerError;
+  return std::nullopt;
+}
 
-  // Merge in the order of the jobs; a header's finding seen from several TUs
-  // is reported once.
+/// The typed finding a check emitted with diagnostic E, if any.
+std::optional<tensor::Finding> typedFindingOf(const ClangTidyError &E, const TUResult &TU) {
+  for (const tensor::Finding &F : TU.Findings)
+    if (F.Check == E.DiagnosticName && F.Where.Offset == E.Message.FileOffset &&
+        (F.Where.File == E.Message.FilePath ||
+         llvm::sys::path::filename(F.Where.File) == llvm::sys::path::filename(E.Message.FilePath)))
+      return F;
+  return std::nullopt;
+}
+
+/// Merges in the order of the jobs; a header's finding seen from several TUs
+/// is reported once.
+RunReport merge(const Run &R) {
   RunReport Report;
-  Report.Files = Jobs.size();
-  Report.Cached = Cached;
+  Report.Files = R.Jobs.size();
+  Report.Cached = R.Cached;
   llvm::StringSet<> Seen, Checks;
-  for (const Job &J : Jobs) {
+  for (const Job &J : R.Jobs) {
     if (!J.Result.Crash.empty())
       Report.Failures.emplace_back(J.File, "analysing '" + J.File + "' " + J.Result.Crash);
     else if (J.Result.Failed)
-      Report.Failures.emplace_back(
-          J.File, "'" + J.File + "' could not be parsed; its results are incomplete");
+      Report.Failures.emplace_back(J.File, "'" + J.File +
+                                               "' could not be parsed; its results are incomplete");
     for (const ClangTidyError &E : J.Result.Errors) {
       std::string Key = E.DiagnosticName + '\0' + E.Message.FilePath + '\0' +
                         std::to_string(E.Message.FileOffset) + '\0' + E.Message.Message;
-      if (Seen.insert(Key).second)
-        Report.Errors.push_back(E);
+      if (!Seen.insert(Key).second)
+        continue;
+      Report.Errors.push_back(E);
+      Report.Typed.push_back(typedFindingOf(E, J.Result));
     }
-    for (const std::string &C : getCheckNames(J.Options, false))
+    // This TU's configuration decides which of its checks are errors.
+    std::optional<CachedGlobList> WAE;
+    if (J.Options.WarningsAsErrors)
+      WAE.emplace(*J.Options.WarningsAsErrors);
+    for (const std::string &C : getCheckNames(J.Options, false)) {
       if (Checks.insert(C).second)
         Report.EnabledChecks.push_back(C);
-    if (J.Options.WarningsAsErrors) {
-      CachedGlobList WAE(*J.Options.WarningsAsErrors);
-      for (const std::string &C : Report.EnabledChecks)
-        if (WAE.contains(C))
-          Report.ErrorChecks.insert(C);
+      if (WAE && WAE->contains(C))
+        Report.ErrorChecks.insert(C);
     }
   }
   llvm::sort(Report.EnabledChecks);
+  return Report;
+}
 
-  int HookCode = 0;
-  std::string HookReport;
-  if (Opts.AfterAnalysis)
-    HookCode = Opts.AfterAnalysis(Report.Errors, *DB, Files, HookReport);
-
-  // Output, then fixes. clang-tidy's reporter prints text and applies fixes
-  // in one go (through llvm::writeToOutput: a temporary renamed over the
-  // file, never a half-written one).
+/// Text (clang-tidy's reporter, which also applies --fix), JSON or SARIF, to
+/// stdout or --output; then --export-fixes, the hook's text, the failures
+/// and the summary line.
+StageError emit(Run &R, const RunReport &Report) {
+  const DriverOptions &Opts = R.Opts;
   // As clang-tidy without --fix-errors: no fixes computed on a broken AST.
-  if (Opts.Fix && llvm::any_of(Report.Errors, isCompilerError)) {
+  bool ApplyFixes = Opts.Fix;
+  if (ApplyFixes && llvm::any_of(Report.Errors, isCompilerError)) {
     llvm::errs() << "tensor-tidy: warning: found compiler errors; fixes not applied\n";
-    Opts.Fix = false;
+    ApplyFixes = false;
   }
-  unsigned WarningsAsErrors = 0;
   auto BaseFS = llvm::vfs::getRealFileSystem();
+  // clang-tidy's reporter prints text and applies fixes in one go (through
+  // llvm::writeToOutput: a temporary renamed over the file, never a
+  // half-written one). It counts promoted warnings itself; the exit code
+  // reads IsWarningAsError through RunReport::errorCount instead.
   auto ClangTidyReport = [&] {
-    handleErrors(Report.Errors, Context, Opts.Fix ? FB_Fix : FB_NoFix, WarningsAsErrors, BaseFS);
+    std::vector<ClangTidyError> Errors = Report.Errors;
+    unsigned PromotedByHandleErrors = 0;
+    handleErrors(Errors, *R.Context, ApplyFixes ? FB_Fix : FB_NoFix, PromotedByHandleErrors,
+                 BaseFS);
   };
   if (Opts.Format == OutputFormat::Text) {
-    withStdout(OutFd, ClangTidyReport);
+    withStdout(R.OutFd, [&] {
+      ClangTidyReport();
+      llvm::outs() << Report.VerifyText;
+    });
   } else {
     std::unique_ptr<llvm::raw_fd_ostream> File;
-    if (OutFd >= 0)
-      File = std::make_unique<llvm::raw_fd_ostream>(OutFd, /*shouldClose=*/false);
+    if (R.OutFd >= 0)
+      File = std::make_unique<llvm::raw_fd_ostream>(R.OutFd, /*shouldClose=*/false);
     llvm::raw_ostream &OS = File ? *File : llvm::outs();
     if (Opts.Format == OutputFormat::Sarif)
       writeSarif(OS, Report);
     else
       writeJson(OS, Report);
     OS.flush();
-    if (Opts.Fix) {
+    if (ApplyFixes) {
       int Null = open("/dev/null", O_WRONLY);
       withStdout(Null, ClangTidyReport);
       if (Null >= 0)
         close(Null);
     }
   }
-  if (OutFd >= 0 && close(OutFd) != 0)
-    return fail("cannot write '" + Opts.Output + "'");
-  if (FixesOS) {
+  if (R.OutFd >= 0 && close(R.OutFd) != 0)
+    return "cannot write '" + Opts.Output + "'";
+  if (R.FixesOS) {
     std::vector<ClangTidyError> ToExport = Report.Errors;
-    exportReplacements(Jobs.front().File, ToExport, *FixesOS);
-    FixesOS->close();
-    if (FixesOS->has_error()) {
-      FixesOS->clear_error();
-      return fail("cannot write '" + Opts.ExportFixes + "'");
+    exportReplacements(R.Jobs.front().File, ToExport, *R.FixesOS);
+    R.FixesOS->close();
+    if (R.FixesOS->has_error()) {
+      R.FixesOS->clear_error();
+      return "cannot write '" + Opts.ExportFixes + "'";
     }
   }
-
-  llvm::outs() << HookReport;
   llvm::outs().flush();
   for (const auto &F : Report.Failures)
-    llvm::errs() << "tensor-tidy: error: " << F.second << "\n";
-  unsigned NumErrors = llvm::count_if(Report.Errors, [](const ClangTidyError &E) {
-    return llvm::StringRef(levelName(E)) == "error";
-  });
-  if (!Opts.Quiet && Jobs.size() > 1)
-    llvm::errs() << "tensor-tidy: " << Jobs.size() << " files (" << Cached << " from cache), "
-                 << Report.Errors.size() - NumErrors << " warnings, " << NumErrors
-                 << " errors\n";
-  if (!Report.Failures.empty())
-    return ExitParseFailed;
-  if (HookCode)
-    return HookCode;
-  return NumErrors ? ExitFindings : ExitClean;
+    reportError(F.second);
+  unsigned NumErrors = Report.errorCount();
+  if (!Opts.Quiet && R.Jobs.size() > 1)
+    llvm::errs() << "tensor-tidy: " << R.Jobs.size() << " files (" << R.Cached << " from cache), "
+                 << Report.Errors.size() - NumErrors << " warnings, " << NumErrors << " errors\n";
+  return std::nullopt;
+}
+
+RunReport usageError(const std::string &Msg) {
+  reportError(Msg);
+  RunReport Report;
+  Report.Exit = exitCodeFor({/*UsageError=*/true});
+  return Report;
+}
+
+} // namespace
+
+RunReport runDriver(DriverOptions &Opts) {
+  Run R{Opts};
+  if (!Opts.Explain.empty()) {
+    if (StageError E = answerQuery(R))
+      return usageError(*E);
+    return RunReport();
+  }
+  if (StageError E = configure(R))
+    return usageError(*E);
+  if (Opts.ListChecks || Opts.DumpConfig) {
+    if (StageError E = answerQuery(R))
+      return usageError(*E);
+    return RunReport();
+  }
+  for (auto Stage : {loadDatabase, makeJobs, openOutputs, analyse})
+    if (StageError E = Stage(R))
+      return usageError(*E);
+
+  RunReport Report = merge(R);
+  if (Opts.AfterAnalysis)
+    Opts.AfterAnalysis(Report, *R.DB, R.Files);
+  RunOutcome Outcome;
+  Outcome.VerificationFailed = Report.VerificationFailed;
+  Outcome.TUFailed = !Report.Failures.empty();
+  Outcome.ErrorFindings = Report.errorCount();
+  Report.Exit = exitCodeFor(Outcome);
+  if (StageError E = emit(R, Report)) {
+    reportError(*E);
+    Report.Exit = exitCodeFor({/*UsageError=*/true});
+  }
+  return Report;
 }
 
 } // namespace tensor_tidy

@@ -5,6 +5,8 @@
 #define TENSOR_TIDY_TOOL_DRIVER_H
 
 #include "ClangTidyDiagnosticConsumer.h"
+#include "ExitCode.h"
+#include "Report.h"
 #include "clang/Tooling/CompilationDatabase.h"
 #include <functional>
 #include <memory>
@@ -13,14 +15,6 @@
 #include <vector>
 
 namespace tensor_tidy {
-
-/// Exit codes (docs/usage.md).
-enum ExitCode {
-  ExitClean = 0,       // no finding at error severity
-  ExitFindings = 1,    // findings at error severity (or promoted by --warnings-as-errors)
-  ExitUsage = 2,       // bad command line, configuration or compilation database
-  ExitParseFailed = 3, // a TU did not parse or its worker crashed; the rest is reported
-};
 
 enum class OutputFormat { Text, Sarif, Json };
 
@@ -36,19 +30,20 @@ struct DriverOptions {
   bool Fix = false, ListChecks = false, DumpConfig = false, Quiet = false, NoCache = false;
   std::string ExportFixes, Explain, Output, CacheDir;
   OutputFormat Format = OutputFormat::Text;
-  unsigned Jobs = 0; // 0: one per core
+  unsigned Jobs = 0;       // 0: one per core
   unsigned TimeoutSec = 0; // per TU; 0: none
-  /// Runs on the merged findings before they are reported or fixed (the
-  /// --verify hook). Appends its report to the string, printed after the
-  /// diagnostics; a non-zero result becomes the exit code unless the run
-  /// already failed harder (usage or parse errors).
-  std::function<int(llvm::ArrayRef<clang::tidy::ClangTidyError> Findings,
-                    const clang::tooling::CompilationDatabase &DB,
-                    llvm::ArrayRef<std::string> Files, std::string &Report)>
+  /// Runs on the merged report before anything is written or fixed (the
+  /// --verify hook): annotates it (verdicts, summary, text, whether
+  /// verification failed). The exit code is decided after it (exitCodeFor).
+  std::function<void(RunReport &Report, const clang::tooling::CompilationDatabase &DB,
+                     llvm::ArrayRef<std::string> Files)>
       AfterAnalysis;
 };
 
-int runDriver(DriverOptions &Opts);
+/// The whole run: configuration -> jobs -> analysis (cache, workers) ->
+/// merge -> AfterAnalysis -> output. Returns the report as written, with its
+/// exit code; on a usage error the report is empty and Exit is ExitUsage.
+RunReport runDriver(DriverOptions &Opts);
 
 } // namespace tensor_tidy
 

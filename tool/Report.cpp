@@ -1,10 +1,11 @@
 #include "Report.h"
 
 #include "Docs.h"
+#include "Paths.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
-#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -28,7 +29,25 @@ const char *levelName(const ClangTidyError &E) {
   return "note";
 }
 
+unsigned RunReport::errorCount() const {
+  return llvm::count_if(
+      Errors, [](const ClangTidyError &E) { return llvm::StringRef(levelName(E)) == "error"; });
+}
+
 namespace {
+
+/// The typed finding and the verdict of error I, when there are.
+const clang::tidy::tensor::Finding *typedAt(const RunReport &R, size_t I) {
+  return I < R.Typed.size() && R.Typed[I] ? &*R.Typed[I] : nullptr;
+}
+const json::Value *verdictAt(const RunReport &R, size_t I) {
+  return I < R.Verdicts.size() && !R.Verdicts[I].getAsNull() ? &R.Verdicts[I] : nullptr;
+}
+json::Object verifySummary(const RunReport &R) {
+  json::Object S = *R.VerifySummary;
+  S["exit_code"] = static_cast<int>(R.Exit);
+  return S;
+}
 
 struct Position {
   unsigned Line = 0, Column = 0; // 1-based; 0 when unknown
@@ -64,12 +83,6 @@ private:
   llvm::StringMap<std::unique_ptr<llvm::MemoryBuffer>> Files;
 };
 
-std::string currentDir() {
-  llvm::SmallString<256> Cwd;
-  llvm::sys::fs::current_path(Cwd);
-  return std::string(Cwd);
-}
-
 std::string percentEncode(llvm::StringRef Path) {
   std::string Out;
   for (unsigned char C : Path) {
@@ -91,8 +104,7 @@ json::Object artifactLocation(llvm::StringRef File, llvm::StringRef Root) {
   return json::Object{{"uri", "file://" + percentEncode(File)}};
 }
 
-json::Object region(SourceIndex &Index, llvm::StringRef File, unsigned Offset,
-                    unsigned Length) {
+json::Object region(SourceIndex &Index, llvm::StringRef File, unsigned Offset, unsigned Length) {
   Position B = Index.at(File, Offset), E = Index.at(File, Offset + Length);
   json::Object R{{"startLine", std::max(B.Line, 1u)}, {"startColumn", std::max(B.Column, 1u)}};
   if (E.Line) {
@@ -104,9 +116,8 @@ json::Object region(SourceIndex &Index, llvm::StringRef File, unsigned Offset,
 
 json::Object physicalLocation(SourceIndex &Index, const tooling::DiagnosticMessage &M,
                               llvm::StringRef Root) {
-  unsigned Length = M.Ranges.empty() || M.Ranges.front().FileOffset != M.FileOffset
-                        ? 0
-                        : M.Ranges.front().Length;
+  unsigned Length =
+      M.Ranges.empty() || M.Ranges.front().FileOffset != M.FileOffset ? 0 : M.Ranges.front().Length;
   return json::Object{{"artifactLocation", artifactLocation(M.FilePath, Root)},
                       {"region", region(Index, M.FilePath, M.FileOffset, Length)}};
 }
@@ -124,8 +135,9 @@ json::Array sarifFixes(SourceIndex &Index, const ClangTidyError &E, llvm::String
           {"deletedRegion", region(Index, R.getFilePath(), R.getOffset(), R.getLength())},
           {"insertedContent", json::Object{{"text", R.getReplacementText()}}}});
     if (!Repls.empty())
-      Changes.push_back(json::Object{{"artifactLocation", artifactLocation(FileAndRepls.first(), Root)},
-                                     {"replacements", std::move(Repls)}});
+      Changes.push_back(
+          json::Object{{"artifactLocation", artifactLocation(FileAndRepls.first(), Root)},
+                       {"replacements", std::move(Repls)}});
   }
   if (!Changes.empty())
     Fixes.push_back(json::Object{{"description", json::Object{{"text", E.Message.Message}}},
@@ -133,13 +145,9 @@ json::Array sarifFixes(SourceIndex &Index, const ClangTidyError &E, llvm::String
   return Fixes;
 }
 
-} // namespace
-
-void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
-  std::string Root = currentDir();
-  SourceIndex Index;
-
-  // Rules: every enabled check, then any other name a result carries.
+/// Rules: every enabled check, then any other name a result carries; the
+/// index of each by id.
+json::Array sarifRules(const RunReport &Rep, llvm::StringMap<unsigned> &RuleIndex) {
   std::vector<std::string> RuleIds = Rep.EnabledChecks;
   for (const auto &E : Rep.Errors)
     if (!llvm::is_contained(RuleIds, E.DiagnosticName))
@@ -150,7 +158,6 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
   for (const auto &E : Rep.Errors)
     if (llvm::StringRef(levelName(E)) == "error")
       ErrorRules.insert(E.DiagnosticName);
-  llvm::StringMap<unsigned> RuleIndex;
   json::Array Rules;
   for (const std::string &Id : RuleIds) {
     RuleIndex[Id] = Rules.size();
@@ -169,28 +176,56 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
       Rule["help"] = json::Object{{"text", Full}, {"markdown", Doc.Markdown}};
     Rules.push_back(std::move(Rule));
   }
+  return Rules;
+}
 
-  json::Array Results;
-  // Fingerprints ignore line numbers (edits above a finding keep it) and count
-  // repeats of the same finding on equal lines in one file.
-  llvm::StringMap<unsigned> Seen;
-  for (const ClangTidyError &E : Rep.Errors) {
-    Position P = Index.at(E.Message.FilePath, E.Message.FileOffset);
-    json::Object Result{{"ruleId", E.DiagnosticName},
-                        {"ruleIndex", RuleIndex[E.DiagnosticName]},
-                        {"level", levelName(E)},
-                        {"message", json::Object{{"text", E.Message.Message}}}};
-    if (!E.Message.FilePath.empty()) {
-      Result["locations"] =
-          json::Array{json::Object{{"physicalLocation", physicalLocation(Index, E.Message, Root)}}};
-      json::Object Artifact = artifactLocation(E.Message.FilePath, Root);
-      std::string Basis = E.DiagnosticName + '\0' + Artifact.getString("uri")->str() + '\0' +
-                          E.Message.Message + '\0' + llvm::StringRef(P.LineText).trim().str();
-      std::string Hash = llvm::utohexstr(llvm::xxh3_64bits(Basis), false, 16);
-      unsigned N = ++Seen[Hash];
-      Result["partialFingerprints"] =
-          json::Object{{"tensorTidyFindingHash/v1", Hash + ":" + std::to_string(N)}};
+/// The SARIF results, one per error of the report.
+class SarifResults {
+public:
+  SarifResults(const RunReport &Rep, std::string Root) : Rep(Rep), Root(std::move(Root)) {}
+  json::Array build(llvm::StringMap<unsigned> &RuleIndex) {
+    json::Array Results;
+    for (size_t I = 0; I < Rep.Errors.size(); ++I) {
+      const ClangTidyError &E = Rep.Errors[I];
+      json::Object Result{{"ruleId", E.DiagnosticName},
+                          {"ruleIndex", RuleIndex[E.DiagnosticName]},
+                          {"level", levelName(E)},
+                          {"message", json::Object{{"text", E.Message.Message}}}};
+      if (!E.Message.FilePath.empty()) {
+        Result["locations"] = json::Array{
+            json::Object{{"physicalLocation", physicalLocation(Index, E.Message, Root)}}};
+        Result["partialFingerprints"] = json::Object{{"tensorTidyFindingHash/v1", fingerprint(E)}};
+      }
+      json::Array Related = relatedLocations(E);
+      if (!Related.empty())
+        Result["relatedLocations"] = std::move(Related);
+      json::Array Fixes = sarifFixes(Index, E, Root);
+      if (!Fixes.empty())
+        Result["fixes"] = std::move(Fixes);
+      json::Object Properties;
+      if (const auto *F = typedAt(Rep, I))
+        Properties["tensorTidyFinding"] = toJSON(*F);
+      if (const json::Value *V = verdictAt(Rep, I))
+        Properties["tensorTidyVerify"] = *V;
+      if (!Properties.empty())
+        Result["properties"] = std::move(Properties);
+      Results.push_back(std::move(Result));
     }
+    return Results;
+  }
+
+private:
+  /// Fingerprints ignore line numbers (edits above a finding keep it) and
+  /// count repeats of the same finding on equal lines in one file.
+  std::string fingerprint(const ClangTidyError &E) {
+    Position P = Index.at(E.Message.FilePath, E.Message.FileOffset);
+    json::Object Artifact = artifactLocation(E.Message.FilePath, Root);
+    std::string Basis = E.DiagnosticName + '\0' + Artifact.getString("uri")->str() + '\0' +
+                        E.Message.Message + '\0' + llvm::StringRef(P.LineText).trim().str();
+    std::string Hash = llvm::utohexstr(llvm::xxh3_64bits(Basis), false, 16);
+    return Hash + ":" + std::to_string(++Seen[Hash]);
+  }
+  json::Array relatedLocations(const ClangTidyError &E) {
     json::Array Related;
     for (const auto &Note : E.Notes) {
       if (Note.FilePath.empty())
@@ -199,14 +234,16 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
                                      {"physicalLocation", physicalLocation(Index, Note, Root)},
                                      {"message", json::Object{{"text", Note.Message}}}});
     }
-    if (!Related.empty())
-      Result["relatedLocations"] = std::move(Related);
-    json::Array Fixes = sarifFixes(Index, E, Root);
-    if (!Fixes.empty())
-      Result["fixes"] = std::move(Fixes);
-    Results.push_back(std::move(Result));
+    return Related;
   }
 
+  const RunReport &Rep;
+  std::string Root;
+  SourceIndex Index;
+  llvm::StringMap<unsigned> Seen;
+};
+
+json::Array sarifNotifications(const RunReport &Rep, llvm::StringRef Root) {
   json::Array Notifications;
   for (const auto &[File, Why] : Rep.Failures)
     Notifications.push_back(json::Object{
@@ -215,7 +252,16 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
         {"locations", json::Array{json::Object{
                           {"physicalLocation",
                            json::Object{{"artifactLocation", artifactLocation(File, Root)}}}}}}});
+  return Notifications;
+}
 
+} // namespace
+
+void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
+  std::string Root = currentDir();
+  llvm::StringMap<unsigned> RuleIndex;
+  json::Array Rules = sarifRules(Rep, RuleIndex);
+  json::Array Results = SarifResults(Rep, Root).build(RuleIndex);
   json::Object Run{
       {"tool", json::Object{{"driver", json::Object{{"name", "tensor-tidy"},
                                                     {"version", TT_VERSION},
@@ -224,14 +270,15 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
       {"originalUriBaseIds",
        json::Object{{"%SRCROOT%", json::Object{{"uri", "file://" + percentEncode(Root) + "/"}}}}},
       {"columnKind", "unicodeCodePoints"},
-      {"invocations", json::Array{json::Object{
-                          {"executionSuccessful", Rep.Failures.empty()},
-                          {"toolExecutionNotifications", std::move(Notifications)}}}},
+      {"invocations",
+       json::Array{json::Object{{"executionSuccessful", Rep.Failures.empty()},
+                                {"toolExecutionNotifications", sarifNotifications(Rep, Root)}}}},
       {"results", std::move(Results)}};
-  json::Value Log = json::Object{
-      {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
-      {"version", "2.1.0"},
-      {"runs", json::Array{std::move(Run)}}};
+  if (Rep.VerifySummary)
+    Run["properties"] = json::Object{{"tensorTidyVerify", verifySummary(Rep)}};
+  json::Value Log = json::Object{{"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
+                                 {"version", "2.1.0"},
+                                 {"runs", json::Array{std::move(Run)}}};
   OS << llvm::formatv("{0:2}", Log) << "\n";
 }
 
@@ -247,7 +294,8 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
   };
   json::Array Diags;
   unsigned Warnings = 0, Errors = 0;
-  for (const ClangTidyError &E : Rep.Errors) {
+  for (size_t I = 0; I < Rep.Errors.size(); ++I) {
+    const ClangTidyError &E = Rep.Errors[I];
     json::Object D = Located(E.Message);
     D["check"] = E.DiagnosticName;
     D["level"] = levelName(E);
@@ -268,21 +316,26 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
         }
     D["notes"] = std::move(Notes);
     D["fixes"] = std::move(Fixes);
+    if (const auto *F = typedAt(Rep, I))
+      D["finding"] = toJSON(*F);
+    if (const json::Value *V = verdictAt(Rep, I))
+      D["verify"] = *V;
     Diags.push_back(std::move(D));
   }
   json::Array Failures;
   for (const auto &[File, Why] : Rep.Failures)
     Failures.push_back(json::Object{{"file", File}, {"reason", Why}});
-  json::Value Out = json::Object{
-      {"tool", "tensor-tidy"},
-      {"version", TT_VERSION},
-      {"diagnostics", std::move(Diags)},
-      {"failures", std::move(Failures)},
-      {"summary", json::Object{{"files", Rep.Files},
-                               {"cached", Rep.Cached},
-                               {"warnings", Warnings},
-                               {"errors", Errors}}}};
-  OS << llvm::formatv("{0:2}", Out) << "\n";
+  json::Object Out{{"tool", "tensor-tidy"},
+                   {"version", TT_VERSION},
+                   {"diagnostics", std::move(Diags)},
+                   {"failures", std::move(Failures)},
+                   {"summary", json::Object{{"files", Rep.Files},
+                                            {"cached", Rep.Cached},
+                                            {"warnings", Warnings},
+                                            {"errors", Errors}}}};
+  if (Rep.VerifySummary)
+    Out["verify"] = verifySummary(Rep);
+  OS << llvm::formatv("{0:2}", json::Value(std::move(Out))) << "\n";
 }
 
 } // namespace tensor_tidy

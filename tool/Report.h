@@ -4,22 +4,43 @@
 #define TENSOR_TIDY_TOOL_REPORT_H
 
 #include "ClangTidyDiagnosticConsumer.h"
+#include "ExitCode.h"
+#include "analysis/Finding.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 namespace tensor_tidy {
 
+/// What a run hands its hooks and its writers. runDriver fills it, the
+/// AfterAnalysis hook (--verify) annotates it, then it is written.
 struct RunReport {
   /// Deduplicated, in the deterministic order of the run.
   std::vector<clang::tidy::ClangTidyError> Errors;
+  /// The typed finding behind each error (same index); none for compiler
+  /// diagnostics and under a check that emits none.
+  std::vector<std::optional<clang::tidy::tensor::Finding>> Typed;
   /// Translation units that could not be (fully) analysed: file, reason.
   std::vector<std::pair<std::string, std::string>> Failures;
   std::vector<std::string> EnabledChecks;
   /// Checks whose findings are errors by configuration (WarningsAsErrors).
   std::set<std::string> ErrorChecks;
   unsigned Files = 0, Cached = 0;
+
+  /// Set by --verify: per error (same index, null where none) the verdict;
+  /// the run's summary; the text report printed after the diagnostics.
+  std::vector<llvm::json::Value> Verdicts;
+  std::optional<llvm::json::Object> VerifySummary;
+  std::string VerifyText;
+  bool VerificationFailed = false;
+
+  /// The exit code (exitCodeFor), decided before the report is written.
+  ExitCode Exit = ExitClean;
+  /// Findings reported at error severity.
+  unsigned errorCount() const;
 };
 
 /// The severity a finding is reported at: "error", "warning" or "note".

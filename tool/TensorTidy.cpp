@@ -3,6 +3,7 @@
 // analysis in rules/.
 #include "Docs.h"
 #include "Driver.h"
+#include "Paths.h"
 #include "verify/Verify.h"
 
 #include "clang/Tooling/CompilationDatabase.h"
@@ -46,9 +47,9 @@ static cl::list<std::string> ExtraArgsBefore("extra-arg-before",
                                              cl::desc("Prepend an argument to each compile"),
                                              cl::cat(Category));
 static cl::opt<bool> Fix("fix", cl::desc("Apply the fix-its in place"), cl::cat(Category));
-static cl::opt<std::string> ExportFixes("export-fixes",
-                                        cl::desc("Write fixes as YAML for clang-apply-replacements"),
-                                        cl::value_desc("file"), cl::cat(Category));
+static cl::opt<std::string>
+    ExportFixes("export-fixes", cl::desc("Write fixes as YAML for clang-apply-replacements"),
+                cl::value_desc("file"), cl::cat(Category));
 static cl::opt<bool> ListChecks("list-checks", cl::desc("List the enabled checks and exit"),
                                 cl::cat(Category));
 static cl::opt<bool> DumpConfig("dump-config",
@@ -57,25 +58,25 @@ static cl::opt<bool> DumpConfig("dump-config",
                                 cl::cat(Category));
 static cl::opt<std::string> Explain("explain", cl::desc("Print the documentation of a check"),
                                     cl::value_desc("check"), cl::cat(Category));
-static cl::opt<OutputFormat> Format(
-    "format", cl::desc("Output format"), cl::init(OutputFormat::Text),
-    cl::values(clEnumValN(OutputFormat::Text, "text", "clang-style diagnostics (default)"),
-               clEnumValN(OutputFormat::Sarif, "sarif", "SARIF 2.1.0"),
-               clEnumValN(OutputFormat::Json, "json", "tensor-tidy's JSON")),
-    cl::cat(Category));
+static cl::opt<OutputFormat>
+    Format("format", cl::desc("Output format"), cl::init(OutputFormat::Text),
+           cl::values(clEnumValN(OutputFormat::Text, "text", "clang-style diagnostics (default)"),
+                      clEnumValN(OutputFormat::Sarif, "sarif", "SARIF 2.1.0"),
+                      clEnumValN(OutputFormat::Json, "json", "tensor-tidy's JSON")),
+           cl::cat(Category));
 static cl::opt<std::string> Output("output", cl::desc("Write the report to this file"),
                                    cl::value_desc("file"), cl::cat(Category));
 static cl::alias OutputShort("o", cl::desc("Alias for --output"), cl::aliasopt(Output),
                              cl::cat(Category));
 static cl::opt<unsigned> Jobs("j", cl::Prefix, cl::desc("Parallel workers (default: one per core)"),
                               cl::init(0), cl::cat(Category));
-static cl::opt<unsigned> Timeout("timeout",
-                                 cl::desc("Give up on a TU after this many seconds (default: never)"),
-                                 cl::value_desc("seconds"), cl::init(0), cl::cat(Category));
+static cl::opt<unsigned>
+    Timeout("timeout", cl::desc("Give up on a TU after this many seconds (default: never)"),
+            cl::value_desc("seconds"), cl::init(0), cl::cat(Category));
 static cl::opt<bool> Quiet("quiet", cl::desc("No progress or summary lines"), cl::cat(Category));
-static cl::opt<std::string> CacheDir("cache-dir",
-                                     cl::desc("Result cache (default: <build-dir>/.tensor-tidy-cache)"),
-                                     cl::value_desc("dir"), cl::cat(Category));
+static cl::opt<std::string>
+    CacheDir("cache-dir", cl::desc("Result cache (default: <build-dir>/.tensor-tidy-cache)"),
+             cl::value_desc("dir"), cl::cat(Category));
 static cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the result cache"),
                              cl::cat(Category));
 
@@ -84,7 +85,9 @@ static const char Overview[] =
     "  tensor-tidy -p <build-dir> [files...]   files from compile_commands.json (all if none)\n"
     "  tensor-tidy <file> -- <compiler flags>  one file without a database\n\n"
     "Exit codes: 0 clean (warnings only), 1 findings at error severity, 2 usage, configuration\n"
-    "or database error, 3 a file could not be parsed (the rest is still reported).\n";
+    "or database error, 3 a file could not be parsed (the rest is still reported), 4 with\n"
+    "--verify: a fix failed verification or a program could not be verified. When several\n"
+    "apply: 2, then 4, then 3, then 1.\n";
 
 int main(int argc, const char **argv) {
   llvm::InitLLVM X(argc, argv);
@@ -108,7 +111,7 @@ int main(int argc, const char **argv) {
   if (!DbError.empty()) {
     llvm::StringRef Line = llvm::StringRef(DbError).trim().split('\n').first;
     Line.consume_front("error: ");
-    llvm::errs() << "tensor-tidy: error: " << Line << "\n";
+    reportError(Line);
     return ExitUsage;
   }
 
@@ -144,5 +147,5 @@ int main(int argc, const char **argv) {
   if (verify::enabled())
     return verify::runVerify(Opts, argv[0]);
 
-  return runDriver(Opts);
+  return runDriver(Opts).Exit;
 }

@@ -20,11 +20,8 @@ namespace {
 /// The compile commands of the one file this worker analyses.
 class OneFileDatabase : public CompilationDatabase {
 public:
-  explicit OneFileDatabase(std::vector<CompileCommand> Commands)
-      : Commands(std::move(Commands)) {}
-  std::vector<CompileCommand> getCompileCommands(StringRef) const override {
-    return Commands;
-  }
+  explicit OneFileDatabase(std::vector<CompileCommand> Commands) : Commands(std::move(Commands)) {}
+  std::vector<CompileCommand> getCompileCommands(StringRef) const override { return Commands; }
 
 private:
   std::vector<CompileCommand> Commands;
@@ -62,8 +59,7 @@ public:
     // driver does (-disable-free); for torch/torch.h that is a good part of
     // a second.
     Invocation->getFrontendOpts().DisableFree = true;
-    return FrontendActionFactory::runInvocation(Invocation, Files, PCHContainerOps,
-                                                DiagConsumer);
+    return FrontendActionFactory::runInvocation(Invocation, Files, PCHContainerOps, DiagConsumer);
   }
 
 private:
@@ -139,8 +135,8 @@ TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &C
                    const ClangTidyOptions &Options) {
   TUResult Result;
   Result.File = File;
-  ClangTidyContext Context(std::make_unique<DefaultOptionsProvider>(ClangTidyGlobalOptions(),
-                                                                    Options));
+  ClangTidyContext Context(
+      std::make_unique<DefaultOptionsProvider>(ClangTidyGlobalOptions(), Options));
   OneFileDatabase DB(Commands);
   ClangTool Tool(DB, {File});
   // Extra arguments from the configuration, as runClangTidy adds them.
@@ -166,7 +162,10 @@ TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &C
   Tool.setDiagnosticConsumer(&DiagConsumer);
 
   ActionFactory Factory(Context, Result, Options.SystemHeaders.value_or(false));
+  // The checks' typed findings, next to their diagnostics (rules/analysis/Finding.h).
+  tensor::setFindingSink([&Result](tensor::Finding F) { Result.Findings.push_back(std::move(F)); });
   bool RunFailed = Tool.run(&Factory) != 0;
+  tensor::setFindingSink(nullptr);
   Result.Errors = DiagConsumer.take();
   // A check that reports at error severity fails the compiler's run too: only
   // compiler errors (or a failure with no error to show) mean "did not parse".
@@ -179,6 +178,9 @@ TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &C
     for (auto &N : E.Notes)
       makeAbsolute(E.BuildDirectory, N);
   }
+  std::string Dir = Commands.empty() ? std::string() : Commands.front().Directory;
+  for (tensor::Finding &F : Result.Findings)
+    F.resolvePaths(Dir);
   llvm::sort(Result.Deps);
   Result.Deps.erase(std::unique(Result.Deps.begin(), Result.Deps.end()), Result.Deps.end());
   return Result;

@@ -4,8 +4,8 @@
 #ifndef TENSOR_TIDY_TOOL_WORKER_H
 #define TENSOR_TIDY_TOOL_WORKER_H
 
-#include "Diagnostics.h"
 #include "ClangTidyOptions.h"
+#include "Diagnostics.h"
 #include "clang/Tooling/CompilationDatabase.h"
 
 namespace tensor_tidy {

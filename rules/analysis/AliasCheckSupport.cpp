@@ -1,5 +1,7 @@
 #include "analysis/AliasCheckSupport.h"
 
+#include "analysis/AnalysisManager.h"
+
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
@@ -302,6 +304,53 @@ std::optional<FixItHint> detachCloneFix(const AliasEdge &E, ASTContext &Ctx) {
     return std::nullopt;
   return FixItHint::CreateReplacement(
       CharSourceRange::getTokenRange(ME->getMemberLoc(), MC->getRParenLoc()), "detach().clone()");
+}
+
+const FunctionAliasResult *analyseMatchedBody(const ast_matchers::MatchFinder::MatchResult &Result,
+                                              const TensorModel &Model, const FunctionDecl *&FD) {
+  FD = matchedBody(Result);
+  return FD ? AnalysisManager::get(Model, *Result.Context).alias().analyze(FD) : nullptr;
+}
+
+const AffectedHandle *pickAffected(const WriteEvent &W,
+                                   llvm::function_ref<bool(const AffectedHandle &)> Eligible) {
+  const AffectedHandle *Best = nullptr;
+  for (const AffectedHandle &A : W.Affected)
+    if (Eligible(A) && (!Best || (Best->Why != Exposure::ReadLater && A.Why == Exposure::ReadLater)))
+      Best = &A;
+  return Best;
+}
+
+Finding writeFinding(StringRef Check, HazardKind Hazard, SourceLocation Loc, const WriteEvent &W,
+                     const AffectedHandle &A, const AliasEdge &E, FixKind Fix,
+                     const SourceManager &SM) {
+  Finding F;
+  F.Check = Check.str();
+  F.Hazard = Hazard;
+  F.Where = SourcePoint::at(Loc, SM);
+  F.Op = SourcePoint::at(W.Write->getExprLoc(), SM);
+  F.OpName = writeName(W);
+  if (E.Site)
+    F.Origin = SourcePoint::at(E.Site->getBeginLoc(), SM);
+  if (W.RootDecl)
+    F.Handles.push_back(handleOf(HandleRole::Written, W.RootDecl, SM));
+  F.Handles.push_back(handleOf(HandleRole::Changed, A.Decl, SM));
+  F.Fix = Fix;
+  switch (E.Kind) {
+  case EdgeKind::MayAlias:
+    F.Facts.push_back(Fact::MayAliasOp);
+    break;
+  case EdgeKind::Detach:
+    F.Facts.push_back(Fact::SharesVersion);
+    break;
+  case EdgeKind::Data:
+    F.Facts.push_back(Fact::NoVersionCounter);
+    break;
+  default:
+    F.Facts.push_back(Fact::HandleCopy);
+  }
+  F.Facts.push_back(A.Why == Exposure::ReadLater ? Fact::ReadLater : Fact::Escapes);
+  return F;
 }
 
 } // namespace clang::tidy::tensor

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "analysis/AliasAnalysis.h"
+#include "analysis/Finding.h"
 
 #include "clang/ASTMatchers/ASTMatchFinder.h"
 #include "clang/Basic/Diagnostic.h"
@@ -18,6 +19,11 @@ void registerBodyMatchers(ast_matchers::MatchFinder *Finder,
 // The body matched by registerBodyMatchers, or nullptr when it is not
 // analysed here (system header, dependent, lambda seen through its class).
 const FunctionDecl *matchedBody(const ast_matchers::MatchFinder::MatchResult &Result);
+
+// The alias analysis of the body registerBodyMatchers matched (FD set to it),
+// or nullptr when it is not analysed here.
+const FunctionAliasResult *analyseMatchedBody(const ast_matchers::MatchFinder::MatchResult &Result,
+                                              const TensorModel &Model, const FunctionDecl *&FD);
 
 // "add_", "-=", or the callee of a mutating call.
 std::string writeName(const WriteEvent &W);
@@ -39,5 +45,15 @@ std::optional<llvm::SmallVector<FixItHint, 2>> cloneFix(const AliasEdge &E, ASTC
 
 // `a.detach()` -> `a.detach().clone()`, `a.data()` -> `a.detach().clone()`.
 std::optional<FixItHint> detachCloneFix(const AliasEdge &E, ASTContext &Ctx);
+
+// The handle a write is reported for, among those Eligible: one read later
+// first, then one that escapes.
+const AffectedHandle *pickAffected(const WriteEvent &W,
+                                   llvm::function_ref<bool(const AffectedHandle &)> Eligible);
+
+// The typed finding of a write W at Loc that changes A through edge E.
+Finding writeFinding(StringRef Check, HazardKind Hazard, SourceLocation Loc, const WriteEvent &W,
+                     const AffectedHandle &A, const AliasEdge &E, FixKind Fix,
+                     const SourceManager &SM);
 
 } // namespace clang::tidy::tensor

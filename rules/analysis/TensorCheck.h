@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ClangTidyCheck.h"
+#include "analysis/Finding.h"
 #include "analysis/TensorModel.h"
 
 namespace clang::tidy::tensor {

@@ -71,6 +71,10 @@ MemoryStats memory_stats(Device device) {
     r.peak_reserved_bytes = c.peak_reserved_bytes;
     r.device_mallocs = c.raw_allocs;
     r.device_frees = c.raw_frees;
+  } else {
+    // No caching allocator: what is allocated is what the live storages hold.
+    r.allocated_bytes = r.current_bytes;
+    r.peak_allocated_bytes = r.peak_bytes;
   }
   return r;
 }

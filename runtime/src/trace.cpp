@@ -2,6 +2,7 @@
 // allocation, free, copy, in-place write, op and error, each with the
 // user's source location. Schema: docs/runtime/trace.md.
 #include "internal.h"
+#include "tt/trace_schema.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,9 @@
 #include <string>
 
 namespace tt::trace {
+
+namespace key = trace_schema::key;
+namespace ev = trace_schema::ev;
 
 #if TT_WITH_TRACE
 bool g_on = false;
@@ -39,6 +43,18 @@ void jsonString(std::string &out, const char *s) {
   out += '"';
 }
 
+// Appends ,"<k>": (the separator and the key of the next field).
+void field(std::string &s, const char *k) {
+  s += ",\"";
+  s += k;
+  s += "\":";
+}
+
+void field(std::string &s, const char *k, std::int64_t v) {
+  field(s, k);
+  s += std::to_string(v);
+}
+
 void jsonInts(std::string &out, const std::vector<std::int64_t> &v) {
   out += '[';
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -50,20 +66,25 @@ void jsonInts(std::string &out, const std::vector<std::int64_t> &v) {
 }
 
 // Starts an event line: seq, ev, the user-facing op and its location.
-std::string head(const char *ev) {
-  std::string s = "{\"ev\":\"";
-  s += ev;
-  s += "\",\"op\":";
+std::string head(const char *event) {
+  std::string s = "{\"";
+  s += key::kEv;
+  s += "\":";
+  jsonString(s, event);
+  field(s, key::kOp);
   if (t_depth > 0 && t_op)
     jsonString(s, t_op);
   else
     s += "null";
-  if (t_depth > 0 && t_loc.file && *t_loc.file) {
-    s += ",\"file\":";
+  bool located = t_depth > 0 && t_loc.file && *t_loc.file;
+  field(s, key::kFile);
+  if (located)
     jsonString(s, t_loc.file);
-    s += ",\"line\":" + std::to_string(t_loc.line) + ",\"col\":" + std::to_string(t_loc.column);
-  } else {
-    s += ",\"file\":null,\"line\":null,\"col\":null";
+  else
+    s += "null";
+  for (const char *k : {key::kLine, key::kCol}) {
+    field(s, k);
+    s += !located ? "null" : std::to_string(k == key::kLine ? t_loc.line : t_loc.column);
   }
   return s;
 }
@@ -72,7 +93,8 @@ void emit(std::string &s) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_file)
     return;
-  std::string line = "{\"seq\":" + std::to_string(g_seq++) + "," + s.substr(1) + "\n"; // s ends with its "}"
+  // s ends with its "}"
+  std::string line = std::string("{\"") + key::kSeq + "\":" + std::to_string(g_seq++) + "," + s.substr(1) + "\n";
   std::fwrite(line.data(), 1, line.size(), g_file);
 }
 
@@ -144,7 +166,11 @@ bool start(const std::string &path) {
   if (g_file) // line-buffered: a run that crashes or is killed keeps its events
     std::setvbuf(g_file, nullptr, _IOLBF, 1 << 16);
   if (g_file) {
-    std::string line = "{\"seq\":" + std::to_string(g_seq++) + ",\"ev\":\"start\",\"schema\":1}\n";
+    std::string line = std::string("{\"") + key::kSeq + "\":" + std::to_string(g_seq++);
+    field(line, key::kEv);
+    jsonString(line, ev::kStart);
+    field(line, key::kSchema, trace_schema::kVersion);
+    line += "}\n";
     std::fwrite(line.data(), 1, line.size(), g_file);
   }
   return g_on;
@@ -169,29 +195,32 @@ void Scope::enter(const char *op, const SourceLocation &loc) {
 
 void Scope::leave() { --t_depth; }
 
-void alloc(const Storage &st) {
-  std::string s = head("alloc");
-  s += ",\"storage\":" + std::to_string(st.id()) + ",\"bytes\":" + std::to_string(st.nbytes()) + ",\"device\":\"" +
-       toString(st.device().type()) + "\"}";
+namespace {
+void storageEvent(const char *event, const Storage &st) {
+  std::string s = head(event);
+  field(s, key::kStorage, st.id());
+  field(s, key::kBytes, st.nbytes());
+  field(s, key::kDevice);
+  jsonString(s, toString(st.device().type()));
+  s += "}";
   emit(s);
 }
+} // namespace
 
-void free(const Storage &st) {
-  std::string s = head("free");
-  s += ",\"storage\":" + std::to_string(st.id()) + ",\"bytes\":" + std::to_string(st.nbytes()) + ",\"device\":\"" +
-       toString(st.device().type()) + "\"}";
-  emit(s);
-}
+void alloc(const Storage &st) { storageEvent(ev::kAlloc, st); }
+
+void free(const Storage &st) { storageEvent(ev::kFree, st); }
 
 void copy(CopyKind kind, const TensorImpl &src, const TensorImpl &dst) {
-  std::string s = head("copy");
-  s += ",\"kind\":\"";
-  s += toString(kind);
-  s += "\",\"src_storage\":" + std::to_string(src.storage->id()) + ",\"dst_storage\":" +
-       std::to_string(dst.storage->id()) + ",\"src_tensor\":" + std::to_string(src.id) +
-       ",\"dst_tensor\":" + std::to_string(dst.id) +
-       ",\"bytes\":" + std::to_string(dst.numel() * static_cast<std::int64_t>(elementSize(dst.dtype))) +
-       ",\"src_device\":\"" + toString(src.storage->device().type()) + "\",\"dst_device\":\"" +
+  std::string s = head(ev::kCopy);
+  field(s, key::kKind);
+  jsonString(s, toString(kind));
+  field(s, key::kSrcStorage, src.storage->id());
+  field(s, key::kDstStorage, dst.storage->id());
+  field(s, key::kSrcTensor, src.id);
+  field(s, key::kDstTensor, dst.id);
+  field(s, key::kBytes, dst.numel() * static_cast<std::int64_t>(elementSize(dst.dtype)));
+  s += std::string(",\"src_device\":\"") + toString(src.storage->device().type()) + "\",\"dst_device\":\"" +
        toString(dst.storage->device().type()) + "\"";
   describe(s, dst);
   s += "}";
@@ -199,18 +228,20 @@ void copy(CopyKind kind, const TensorImpl &src, const TensorImpl &dst) {
 }
 
 void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after, long handles) {
-  std::string s = head("write");
-  s += ",\"write_op\":";
+  std::string s = head(ev::kWrite);
+  field(s, key::kWriteOp);
   jsonString(s, op);
-  s += ",\"storage\":" + std::to_string(t.storage->id()) + ",\"tensor\":" + std::to_string(t.id) +
-       ",\"version_before\":" + std::to_string(before) + ",\"version_after\":" + std::to_string(after) +
-       ",\"storage_refs\":" + std::to_string(t.storage.use_count()) + ",\"handles\":" + std::to_string(handles) +
-       ",\"bytes\":" + std::to_string(t.numel() * static_cast<std::int64_t>(elementSize(t.dtype)));
+  field(s, key::kStorage, t.storage->id());
+  field(s, key::kTensor, t.id);
+  s += ",\"version_before\":" + std::to_string(before) + ",\"version_after\":" + std::to_string(after);
+  field(s, key::kStorageRefs, t.storage.use_count());
+  field(s, key::kHandles, handles);
+  field(s, key::kBytes, t.numel() * static_cast<std::int64_t>(elementSize(t.dtype)));
   double sum;
   if (digest(t, sum)) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.17g", sum);
-    s += ",\"sum\":";
+    field(s, key::kSum);
     s += (sum == sum && sum - sum == 0) ? buf : "null";
   }
   describe(s, t);
@@ -222,16 +253,17 @@ namespace {
 void opLine(const char *name, std::initializer_list<const Tensor *> inputs, const std::vector<const Tensor *> &outs) {
   if (t_depth > 1)
     return; // only the user's call, not the ops it runs internally
-  std::string s = head("op");
-  s += ",\"name\":";
+  std::string s = head(ev::kOp);
+  field(s, key::kName);
   jsonString(s, name);
   const semantics::OpInfo *info = semantics::lookup(name);
-  s += ",\"kind\":";
+  field(s, key::kKind);
   if (info)
     jsonString(s, std::string(semantics::toString(info->storage)).c_str());
   else
     s += "null";
-  s += ",\"inputs\":[";
+  field(s, key::kInputs);
+  s += "[";
   bool first = true;
   for (const Tensor *t : inputs) {
     if (!first)
@@ -239,7 +271,9 @@ void opLine(const char *name, std::initializer_list<const Tensor *> inputs, cons
     first = false;
     s += std::to_string(t->unsafeGetTensorImpl()->storage->id());
   }
-  s += "],\"input_tensors\":[";
+  s += "]";
+  field(s, key::kInputTensors);
+  s += "[";
   first = true;
   for (const Tensor *t : inputs) {
     if (!first)
@@ -247,10 +281,14 @@ void opLine(const char *name, std::initializer_list<const Tensor *> inputs, cons
     first = false;
     s += std::to_string(t->unsafeGetTensorImpl()->id);
   }
-  s += "],\"outputs\":[";
+  s += "]";
+  field(s, key::kOutputs);
+  s += "[";
   for (std::size_t i = 0; i < outs.size(); ++i)
     s += (i ? "," : "") + std::to_string(outs[i]->unsafeGetTensorImpl()->storage->id());
-  s += "],\"output_tensors\":[";
+  s += "]";
+  field(s, key::kOutputTensors);
+  s += "[";
   for (std::size_t i = 0; i < outs.size(); ++i)
     s += (i ? "," : "") + std::to_string(outs[i]->unsafeGetTensorImpl()->id);
   s += "]";
@@ -268,7 +306,7 @@ void opLine(const char *name, std::initializer_list<const Tensor *> inputs, cons
     if (digest(*outs[0]->unsafeGetTensorImpl(), sum) && sum == sum && sum - sum == 0) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.17g", sum);
-      s += ",\"sum\":";
+      field(s, key::kSum);
       s += buf;
     }
   }
@@ -289,10 +327,10 @@ void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &o
 }
 
 void error(const char *kind, const std::string &message) {
-  std::string s = head("error");
-  s += ",\"kind\":";
+  std::string s = head(ev::kError);
+  field(s, key::kKind);
   jsonString(s, kind);
-  s += ",\"message\":";
+  field(s, key::kMessage);
   jsonString(s, message.c_str());
   s += "}";
   emit(s);

@@ -1,110 +1,139 @@
 #include "Trace.h"
 
+#include "../Paths.h"
+#include "tt/trace_schema.h"
+
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/Path.h"
 
 using namespace llvm;
+namespace key = tt::trace_schema::key;
+namespace ev = tt::trace_schema::ev;
 
 namespace tensor_tidy::verify {
 
 namespace {
 
-std::string absolutePath(StringRef Path, StringRef Dir) {
-  SmallString<256> P(Path);
-  if (!sys::path::is_absolute(P) && !Dir.empty()) {
-    SmallString<256> D(Dir);
-    sys::path::append(D, P);
-    P = D;
-  }
-  sys::path::remove_dots(P, /*remove_dot_dot=*/true);
-  return std::string(P);
+EventKind kindOf(StringRef Ev) {
+  static const std::pair<const char *, EventKind> Kinds[] = {
+      {ev::kStart, EventKind::Start}, {ev::kAlloc, EventKind::Alloc}, {ev::kFree, EventKind::Free},
+      {ev::kCopy, EventKind::Copy},   {ev::kWrite, EventKind::Write}, {ev::kOp, EventKind::Op},
+      {ev::kError, EventKind::Error}};
+  for (const auto &[Name, Kind] : Kinds)
+    if (Ev == Name)
+      return Kind;
+  return EventKind::Other;
 }
 
-std::optional<double> number(const json::Object &O, std::initializer_list<StringRef> Keys) {
-  for (StringRef K : Keys)
-    if (auto V = O.getNumber(K))
-      return *V;
+std::string str(const json::Object &O, const char *Key) {
+  return O.getString(Key).value_or("").str();
+}
+
+/// The first id of an array field, or -1.
+int64_t firstOf(const json::Object &O, const char *Key) {
+  if (const json::Array *A = O.getArray(Key))
+    if (!A->empty())
+      return (*A)[0].getAsInteger().value_or(-1);
+  return -1;
+}
+
+/// One row; schema 1 writers closed write/copy rows twice ("}}"): accept
+/// those. A run killed mid-line leaves a partial last row: skipped.
+std::optional<json::Value> parseRow(StringRef Row) {
+  auto V = json::parse(Row);
+  if (V)
+    return std::move(*V);
+  consumeError(V.takeError());
+  if (!Row.ends_with("}}"))
+    return std::nullopt;
+  auto W = json::parse(Row.drop_back());
+  if (W)
+    return std::move(*W);
+  consumeError(W.takeError());
   return std::nullopt;
 }
 
-std::string string(const json::Object &O, std::initializer_list<StringRef> Keys) {
-  for (StringRef K : Keys)
-    if (auto V = O.getString(K))
-      return V->str();
-  return "";
-}
-
-// The runtime's event names (docs/runtime/trace.md), as --verify reasons about them.
-std::string normalKind(StringRef Ev) {
-  if (Ev == "write")
-    return "inplace";
-  return Ev.str(); // alloc, free, copy, op, error, start
+/// The fields each kind of event has (tt/trace_schema.h).
+void readFields(const json::Object &O, Event &E) {
+  // The user-facing call the event happened in; op events name themselves.
+  E.Op = str(O, key::kOp);
+  switch (E.Kind) {
+  case EventKind::Alloc:
+  case EventKind::Free:
+    E.Out = O.getInteger(key::kStorage).value_or(-1);
+    break;
+  case EventKind::Write:
+    if (E.Op.empty())
+      E.Op = str(O, key::kWriteOp);
+    E.Out = O.getInteger(key::kStorage).value_or(-1);
+    E.Tensor = O.getInteger(key::kTensor).value_or(-1);
+    // Other handles on the written storage: other tensors (views, aliases
+    // made by may-alias ops) and other handles on the same tensor.
+    E.Handles = std::max<int64_t>(O.getInteger(key::kStorageRefs).value_or(0),
+                                  O.getInteger(key::kHandles).value_or(0));
+    break;
+  case EventKind::Copy: {
+    StringRef CopyKind = O.getString(key::kKind).value_or("");
+    E.Implicit =
+        CopyKind == tt::trace_schema::kCopyReshape || CopyKind == tt::trace_schema::kCopyFlatten;
+    if (CopyKind == tt::trace_schema::kCopyCopyInto || E.Op.empty())
+      E.Op = CopyKind.str();
+    E.Out = O.getInteger(key::kDstStorage).value_or(-1);
+    E.Tensor = O.getInteger(key::kDstTensor).value_or(-1);
+    if (auto Src = O.getInteger(key::kSrcStorage))
+      E.Inputs.push_back(*Src);
+    break;
+  }
+  case EventKind::Op:
+    E.Op = str(O, key::kName);
+    E.Out = firstOf(O, key::kOutputs);
+    E.Tensor = firstOf(O, key::kOutputTensors);
+    if (const json::Array *In = O.getArray(key::kInputs))
+      for (const json::Value &I : *In)
+        if (auto N = I.getAsInteger())
+          E.Inputs.push_back(*N);
+    break;
+  case EventKind::Error:
+    E.Message = str(O, key::kMessage);
+    break;
+  default:
+    break;
+  }
+  E.Bytes = O.getInteger(key::kBytes).value_or(0);
+  E.Sum = O.getNumber(key::kSum);
 }
 
 } // namespace
 
 Trace Trace::load(StringRef Path, StringRef Dir) {
-  Trace T;
   auto Buf = MemoryBuffer::getFile(Path, /*IsText=*/true, /*RequiresNullTerminator=*/false);
   if (!Buf)
-    return T;
+    return Trace();
+  return parse((*Buf)->getBuffer(), Dir);
+}
+
+Trace Trace::parse(StringRef Text, StringRef Dir) {
+  Trace T;
   T.Loaded = true;
   SmallVector<StringRef> Rows;
-  (*Buf)->getBuffer().split(Rows, '\n', -1, false);
+  Text.split(Rows, '\n', -1, false);
   int64_t Live = 0;
   std::map<int64_t, double> LastSum;
   for (StringRef Row : Rows) {
-    auto V = json::parse(Row);
-    if (!V) {
-      consumeError(V.takeError());
-      // Schema 1 writers closed write/copy rows twice ("}}"): accept those.
-      if (!Row.ends_with("}}") || !(V = json::parse(Row.drop_back()))) {
-        consumeError(V.takeError()); // a run killed mid-line leaves a partial last row
-        continue;
-      }
-    }
-    const json::Object *O = V->getAsObject();
+    std::optional<json::Value> V = parseRow(Row);
+    const json::Object *O = V ? V->getAsObject() : nullptr;
     if (!O)
       continue;
     Event E;
     E.Index = T.Events.size();
-    StringRef Ev = O->getString("ev").value_or("");
-    E.Kind = normalKind(Ev);
-    // "op" is the user-facing call the event happened in; op events name themselves.
-    E.Op = string(*O, {"op", "name", "write_op"});
-    if (Ev == "op")
-      E.Op = string(*O, {"name", "op"});
-    E.File = string(*O, {"file"});
-    E.Line = number(*O, {"line"}).value_or(0);
-    E.Col = number(*O, {"col"}).value_or(0);
+    E.Kind = kindOf(O->getString(key::kEv).value_or(""));
+    readFields(*O, E);
+    E.File = str(*O, key::kFile);
+    E.Line = O->getInteger(key::kLine).value_or(0);
+    E.Col = O->getInteger(key::kCol).value_or(0);
     if (!E.File.empty())
       E.File = absolutePath(E.File, Dir);
-    E.Out = number(*O, {"storage", "dst_storage"}).value_or(-1);
-    if (const json::Array *Outs = O->getArray("outputs"))
-      if (!Outs->empty())
-        E.Out = (*Outs)[0].getAsInteger().value_or(-1);
-    if (const json::Array *In = O->getArray("inputs"))
-      for (const json::Value &I : *In)
-        if (auto N = I.getAsInteger())
-          E.Inputs.push_back(*N);
-    E.Tensor = O->getInteger(Ev == "copy" ? "dst_tensor" : "tensor").value_or(-1);
-    if (const json::Array *Outs = O->getArray("output_tensors"))
-      if (!Outs->empty())
-        E.Tensor = (*Outs)[0].getAsInteger().value_or(-1);
-    if (auto Src = O->getInteger("src_storage"))
-      E.Inputs.push_back(*Src);
-    E.Bytes = number(*O, {"bytes"}).value_or(0);
-    StringRef CopyKind = O->getString("kind").value_or("");
-    E.Implicit = Ev == "copy" && (CopyKind == "reshape" || CopyKind == "flatten");
-    if (Ev == "copy")
-      E.Op = CopyKind.str() == "copy_" ? "copy_" : (E.Op.empty() ? CopyKind.str() : E.Op);
-    // Other handles on the written storage: other tensors (views, aliases made
-    // by may-alias ops) and other handles on the same tensor.
-    E.Handles = std::max<int64_t>(O->getInteger("storage_refs").value_or(0),
-                                  O->getInteger("handles").value_or(0));
-    E.Sum = O->getNumber("sum");
-    if (Ev == "write") {
+    if (E.Kind == EventKind::Write) {
       E.SumAfter = E.Sum;
       // The tensor's digest before the write: the last one the trace recorded for it.
       if (auto It = LastSum.find(E.Tensor); It != LastSum.end())
@@ -112,15 +141,12 @@ Trace Trace::load(StringRef Path, StringRef Dir) {
     }
     if (E.Sum && E.Tensor >= 0)
       LastSum[E.Tensor] = *E.Sum;
-    E.Message = string(*O, {"message"});
-    if (E.Kind == "alloc") {
+    if (E.Kind == EventKind::Alloc) {
       Live += E.Bytes;
       T.PeakBytes = std::max<uint64_t>(T.PeakBytes, Live);
-    } else if (E.Kind == "free") {
+    } else if (E.Kind == EventKind::Free) {
       Live -= E.Bytes;
     }
-    if (auto Peak = number(*O, {"peak_bytes"}))
-      T.PeakBytes = std::max<uint64_t>(T.PeakBytes, *Peak);
     if (!E.File.empty())
       T.ByLine[{E.File, E.Line}].push_back(E.Index);
     T.Events.push_back(std::move(E));
@@ -139,7 +165,7 @@ std::vector<const Event *> Trace::at(StringRef File, unsigned Line) const {
 
 const Event *Trace::errorAt(StringRef File, unsigned Line) const {
   for (const Event *E : at(File, Line))
-    if (E->Kind == "error")
+    if (E->Kind == EventKind::Error)
       return E;
   return nullptr;
 }
@@ -148,15 +174,15 @@ std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsig
   std::set<std::size_t> R;
   std::size_t Start = Events.size();
   for (const Event *E : at(File, Line))
-    if (E->Kind == "inplace" && E->Out == Storage) {
+    if (E->Kind == EventKind::Write && E->Out == Storage) {
       Start = E->Index;
       break;
     }
   std::set<int64_t> Tainted{Storage};
   for (std::size_t I = Start; I < Events.size(); ++I) {
     const Event &E = Events[I];
-    if (E.Kind == "free" || E.Kind == "alloc") {
-      if (E.Kind == "free")
+    if (E.Kind == EventKind::Free || E.Kind == EventKind::Alloc) {
+      if (E.Kind == EventKind::Free)
         Tainted.erase(E.Out); // a storage id is not reused, but stay safe
       continue;
     }

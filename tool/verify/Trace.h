@@ -1,4 +1,4 @@
-// Reads the runtime's TT_TRACE file (JSON Lines, docs/runtime/trace.md) into
+// Reads the runtime's TT_TRACE file (JSON Lines, tt/trace_schema.h, docs/runtime/trace.md) into
 // events indexed by user source line, for tensor-tidy --verify.
 #pragma once
 
@@ -15,9 +15,12 @@
 
 namespace tensor_tidy::verify {
 
+/// The event kinds of runtime/include/tt/trace_schema.h.
+enum class EventKind { Start, Alloc, Free, Copy, Write, Op, Error, Other };
+
 struct Event {
   std::size_t Index = 0;
-  std::string Kind; // alloc, free, copy, inplace, view, error, op
+  EventKind Kind = EventKind::Other;
   std::string Op;
   std::string File; // absolute
   unsigned Line = 0, Col = 0;
@@ -25,32 +28,35 @@ struct Event {
   std::int64_t Tensor = -1;         // tensor written or produced
   std::vector<std::int64_t> Inputs; // storages read
   std::uint64_t Bytes = 0;
-  bool Implicit = false; // a copy the user did not ask for (reshape/flatten)
+  bool Implicit = false;    // a copy the user did not ask for (reshape/flatten)
   std::int64_t Handles = 0; // live handles on the written storage
   bool Shared = false;      // the written storage was reachable from another live handle
   std::optional<double> SumBefore, SumAfter, Sum;
   std::string Message;
-  bool isCopy() const { return Kind == "copy"; }
 };
 
 struct Trace {
   bool Loaded = false;
   std::vector<Event> Events;
-  std::uint64_t PeakBytes = 0;
+  std::uint64_t PeakBytes = 0; // the most bytes allocated at once (alloc minus free)
   std::map<std::pair<std::string, unsigned>, std::vector<std::size_t>> ByLine;
 
   /// Relative file names in the trace are resolved against Dir (the compile directory).
   static Trace load(llvm::StringRef Path, llvm::StringRef Dir);
+  /// The same from the trace's text (JSON Lines).
+  static Trace parse(llvm::StringRef Text, llvm::StringRef Dir);
   std::vector<const Event *> at(llvm::StringRef File, unsigned Line) const;
   const Event *errorAt(llvm::StringRef File, unsigned Line) const;
   /// Events computed, directly or through other ops, from Storage after the
   /// in-place write to it at File:Line (the write included).
-  std::set<std::size_t> downstreamOf(std::int64_t Storage, llvm::StringRef File, unsigned Line) const;
+  std::set<std::size_t> downstreamOf(std::int64_t Storage, llvm::StringRef File,
+                                     unsigned Line) const;
   /// Events with a value digest that both traces have at the same point: same
   /// file, same line (this trace's lines mapped through MapLine), same op, same
   /// occurrence.
   std::vector<std::pair<const Event *, const Event *>>
-  pairWith(const Trace &Other, llvm::function_ref<unsigned(llvm::StringRef, unsigned)> MapLine) const;
+  pairWith(const Trace &Other,
+           llvm::function_ref<unsigned(llvm::StringRef, unsigned)> MapLine) const;
 };
 
 } // namespace tensor_tidy::verify

@@ -24,12 +24,12 @@ void registerOptions(llvm::cl::OptionCategory &Category);
 /// True when --verify was given.
 bool enabled();
 
-/// Takes over the run when --verify is given: runs the driver (diagnostics are
-/// reported as usual, fixes go to a scratch file first), then verifies every
-/// finding, appends the verdicts to the report (text: after the diagnostics;
-/// json/sarif: as properties of each result), and applies --fix last. Returns
-/// the driver's exit code when it failed (2, 3), else 0 when no fix failed
-/// verification and 4 when one did or a program could not be verified.
+/// Takes over the run when --verify is given: runs the driver with a hook
+/// that, once the findings are merged and before anything is written or
+/// fixed, verifies every finding and annotates the report (RunReport's
+/// Verdicts, VerifySummary, VerifyText, VerificationFailed). Returns the
+/// run's exit code (exitCodeFor: 4 when a fix failed verification or a
+/// program could not be verified, unless the command line was unusable).
 int runVerify(DriverOptions &Opts, const char *Argv0);
 
 } // namespace tensor_tidy::verify

@@ -47,6 +47,26 @@ constexpr const OpInfo *lookup(std::string_view name) {
   return nullptr;
 }
 
+// Ops ops.def lists as not implemented in tt (TT_UNSUPPORTED).
+struct UnsupportedOp {
+  std::string_view name, why;
+};
+inline constexpr UnsupportedOp kUnsupported[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_UNSUPPORTED(Name, Why) {#Name, Why},
+#include "tt/ops.def"
+#undef TT_UNSUPPORTED
+#undef TT_OP
+    {"", ""}, // the list may be empty
+};
+
+constexpr bool isUnsupported(std::string_view name) {
+  for (const UnsupportedOp &op : kUnsupported)
+    if (!op.name.empty() && op.name == name)
+      return true;
+  return false;
+}
+
 // Every method whose name ends in '_' (but not "__") writes self in place, by
 // the PyTorch naming convention, even when it is not in the table.
 constexpr bool isInPlaceName(std::string_view name) {

@@ -537,9 +537,13 @@ struct MemoryStats {
   std::int64_t peak_bytes = 0;
   std::int64_t allocations = 0; // storages allocated since start / reset
   std::int64_t frees = 0;
-  // CUDA caching allocator (0 on CPU): torch.cuda.memory_allocated / _reserved
-  // and their peaks, in blocks as rounded by the allocator; cudaMalloc calls.
+  // Bytes currently allocated on the device and their peak, on every device
+  // (torch.cuda.memory_allocated / max_memory_allocated): on CUDA the caching
+  // allocator's blocks as it rounds them, on CPU (no cache) current_bytes and
+  // peak_bytes.
   std::int64_t allocated_bytes = 0, peak_allocated_bytes = 0;
+  // CUDA caching allocator (0 on CPU): torch.cuda.memory_reserved and its
+  // peak; cudaMalloc / cudaFree calls.
   std::int64_t reserved_bytes = 0, peak_reserved_bytes = 0;
   std::int64_t device_mallocs = 0, device_frees = 0;
   std::int64_t copies[kNumCopyKinds] = {};      // copies made, by kind

@@ -39,3 +39,17 @@ TEST(TensorBasics, ErrorsUsePyTorchWording) {
   EXPECT_THROW((void)t.data_ptr<double>(), std::runtime_error);
   EXPECT_THROW(tt::empty({-1}), std::runtime_error);
 }
+
+// allocated_bytes means the bytes currently allocated on the device on every
+// device (torch.cuda.memory_allocated on CUDA): on CPU, the live storages.
+TEST(TensorBasics, CpuAllocatedBytesCountsLiveStorages) {
+  std::int64_t before = tt::memory_stats(tt::Device(tt::kCPU)).allocated_bytes;
+  {
+    tt::Tensor t = tt::zeros({256}); // 1 KiB of float
+    tt::MemoryStats s = tt::memory_stats(tt::Device(tt::kCPU));
+    EXPECT_EQ(s.allocated_bytes, before + 256 * 4);
+    EXPECT_EQ(s.allocated_bytes, s.current_bytes);
+    EXPECT_GE(s.peak_allocated_bytes, s.allocated_bytes);
+  }
+  EXPECT_EQ(tt::memory_stats(tt::Device(tt::kCPU)).allocated_bytes, before);
+}

@@ -1,0 +1,65 @@
+// The TT_TRACE file format (docs/runtime/trace.md): event names and field
+// keys, shared by the runtime's writer (src/trace.cpp) and tensor-tidy
+// --verify's reader (tool/verify/Trace.cpp). Header-only, no dependencies.
+// Bump kVersion when a field changes meaning or disappears; the first line of
+// every trace is {"seq":0,"ev":"start","schema":kVersion}.
+#pragma once
+
+namespace tt::trace_schema {
+
+inline constexpr int kVersion = 1;
+
+// Event names (the "ev" field).
+namespace ev {
+inline constexpr char kStart[] = "start";
+inline constexpr char kAlloc[] = "alloc";
+inline constexpr char kFree[] = "free";
+inline constexpr char kCopy[] = "copy";
+inline constexpr char kWrite[] = "write";
+inline constexpr char kOp[] = "op";
+inline constexpr char kError[] = "error";
+} // namespace ev
+
+// Field keys.
+namespace key {
+// every event
+inline constexpr char kSeq[] = "seq";
+inline constexpr char kEv[] = "ev";
+inline constexpr char kOp[] = "op"; // the user-facing call the event happened in, or null
+inline constexpr char kFile[] = "file";
+inline constexpr char kLine[] = "line";
+inline constexpr char kCol[] = "col";
+// start
+inline constexpr char kSchema[] = "schema";
+// alloc, free, write
+inline constexpr char kStorage[] = "storage";
+inline constexpr char kBytes[] = "bytes";
+inline constexpr char kDevice[] = "device";
+// copy (kind: clone, contiguous, to, copy_, reshape, flatten), error (kind: error, autograd)
+inline constexpr char kKind[] = "kind";
+inline constexpr char kSrcStorage[] = "src_storage";
+inline constexpr char kDstStorage[] = "dst_storage";
+inline constexpr char kSrcTensor[] = "src_tensor";
+inline constexpr char kDstTensor[] = "dst_tensor";
+// write
+inline constexpr char kWriteOp[] = "write_op";
+inline constexpr char kTensor[] = "tensor";
+inline constexpr char kStorageRefs[] = "storage_refs";
+inline constexpr char kHandles[] = "handles";
+inline constexpr char kSum[] = "sum"; // write, op: digest of the values, CPU only
+// op
+inline constexpr char kName[] = "name";
+inline constexpr char kInputs[] = "inputs";
+inline constexpr char kInputTensors[] = "input_tensors";
+inline constexpr char kOutputs[] = "outputs";
+inline constexpr char kOutputTensors[] = "output_tensors";
+// error
+inline constexpr char kMessage[] = "message";
+} // namespace key
+
+// Copy kinds that are implicit (the user asked for a reshape, not a copy).
+inline constexpr char kCopyReshape[] = "reshape";
+inline constexpr char kCopyFlatten[] = "flatten";
+inline constexpr char kCopyCopyInto[] = "copy_";
+
+} // namespace tt::trace_schema

@@ -1,0 +1,245 @@
+#include "Rules.h"
+
+#include "analysis/LayoutAnalysis.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+
+#include <cstdio>
+
+using namespace llvm;
+using clang::tidy::tensor::Finding;
+using clang::tidy::tensor::HandleRole;
+using clang::tidy::tensor::HazardKind;
+
+namespace tensor_tidy::verify {
+
+std::string formatSize(double Bytes) {
+  return clang::tidy::tensor::LayoutAnalysis::formatBytes(static_cast<std::int64_t>(Bytes));
+}
+
+std::string formatNumber(double V) {
+  char Buf[32];
+  std::snprintf(Buf, sizeof Buf, "%.6g", V);
+  return Buf;
+}
+
+Counts count(ArrayRef<const Event *> Evs) {
+  Counts C;
+  for (const Event *E : Evs) {
+    if (E->Kind == EventKind::Alloc) {
+      ++C.Allocs;
+      C.AllocBytes += E->Bytes;
+      if (C.AllocOp.empty())
+        C.AllocOp = E->Op;
+    } else if (E->Kind == EventKind::Copy) {
+      ++C.Copies;
+      C.CopyBytes += E->Bytes;
+      if (E->Implicit) {
+        ++C.Implicit;
+        C.ImplicitBytes += E->Bytes;
+        C.LargestImplicit = std::max(C.LargestImplicit, E->Bytes);
+        C.ImplicitOp = E->Op;
+      }
+    }
+  }
+  return C;
+}
+
+namespace {
+
+const char *plural(std::uint64_t N, const char *S = "s") { return N == 1 ? "" : S; }
+
+// ------------------------------------------------------- view that throws --
+
+HazardJudgement viewHazard(const HazardInput &In, json::Object &) {
+  HazardJudgement J;
+  J.Verdict = In.Err ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  J.Evidence.push_back(In.Err ? formatv("{0} at {1} threw \"{2}\"",
+                                        In.Err->Op.empty() ? "view" : In.Err->Op, In.Where,
+                                        In.Err->Message)
+                                    .str()
+                              : "view at " + In.Where + " ran without error");
+  return J;
+}
+
+FixJudgement viewFix(const FixInput &In, json::Object &) {
+  FixJudgement J;
+  if (In.Fixed.errorAt(In.File, In.FixedLine)) {
+    J.Remains = "the fixed program still throws at " + In.Where;
+    return J;
+  }
+  Counts N = count(In.AtFix);
+  J.Gone = "no error at " + In.Where +
+           (N.Copies ? formatv(" (it copies {0} instead, {1} time{2})",
+                               formatSize(N.CopyBytes / N.Copies), N.Copies, plural(N.Copies))
+                           .str()
+                     : std::string(""));
+  return J;
+}
+
+// --------------------------------------------------- implicit reshape copy --
+
+HazardJudgement reshapeHazard(const HazardInput &In, json::Object &Figures) {
+  Counts N = count(In.At);
+  Figures["implicit_copies"] = N.Implicit;
+  Figures["implicit_copy_bytes"] = static_cast<int64_t>(N.ImplicitBytes);
+  HazardJudgement J;
+  J.Verdict = N.Implicit ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  J.Evidence.push_back(
+      N.Implicit ? formatv("{0} at {1} copied {2} implicitly, {3} time{4}", N.ImplicitOp, In.Where,
+                           formatSize(N.LargestImplicit), N.Implicit, plural(N.Implicit))
+                       .str()
+                 : "the reshape at " + In.Where + " ran as a view (no implicit copy)");
+  return J;
+}
+
+FixJudgement reshapeFix(const FixInput &In, json::Object &Figures) {
+  Counts N = count(In.AtFix);
+  Figures["implicit_copies_after"] = N.Implicit;
+  Figures["explicit_copies_after"] = N.Copies - N.Implicit;
+  FixJudgement J;
+  if (N.Implicit)
+    J.Remains = formatv("{0} implicit copies remain at {1}", N.Implicit, In.Where).str();
+  else
+    J.Gone = formatv("implicit copies {0} -> 0 (the copy is explicit now: {1})",
+                     Figures.getInteger("implicit_copies").value_or(0), N.Copies)
+                 .str();
+  return J;
+}
+
+// ------------------------------------------------ copy in a loop, each time --
+
+HazardJudgement loopCopyHazard(const HazardInput &In, json::Object &Figures) {
+  Counts N = count(In.At);
+  Figures["allocations"] = N.Allocs;
+  Figures["allocated_bytes"] = static_cast<int64_t>(N.AllocBytes);
+  Figures["copies"] = N.Copies;
+  HazardJudgement J;
+  J.Verdict = N.Allocs > 1 || N.Copies > 1 ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  if (N.Allocs > 1)
+    J.Evidence.push_back(formatv("{0} at {1} allocated {2} times, {3} in all", N.AllocOp, In.Where,
+                                 N.Allocs, formatSize(N.AllocBytes))
+                             .str());
+  else
+    J.Evidence.push_back(
+        formatv("the copy at {0} ran {1} time{2}", In.Where, N.Copies, plural(N.Copies)).str());
+  return J;
+}
+
+FixJudgement loopCopyFix(const FixInput &In, json::Object &Figures) {
+  Counts N = count(In.AtFix);
+  int64_t Before = Figures.getInteger("allocations").value_or(0);
+  Figures["allocations_after"] = N.Allocs;
+  Figures["copies_after"] = N.Copies;
+  FixJudgement J;
+  if (Before > 1 && N.Allocs >= Before) {
+    J.Remains = formatv("allocations {0} -> {1}: no fewer", Before, N.Allocs).str();
+    return J;
+  }
+  J.Gone = formatv("allocations {0} -> {1}", Before, N.Allocs).str();
+  int64_t CopiesBefore = Figures.getInteger("copies").value_or(0);
+  if (CopiesBefore != N.Copies)
+    J.Gone += formatv(", copies {0} -> {1}", CopiesBefore, N.Copies).str();
+  std::uint64_t PeakBefore = In.Orig.PeakBytes, PeakAfter = In.Fixed.PeakBytes;
+  if (PeakBefore && PeakAfter && PeakBefore != PeakAfter) {
+    int64_t D = static_cast<int64_t>(PeakAfter) - static_cast<int64_t>(PeakBefore);
+    Figures["peak_bytes_before"] = static_cast<int64_t>(PeakBefore);
+    Figures["peak_bytes_after"] = static_cast<int64_t>(PeakAfter);
+    J.Gone += ", peak memory " + std::string(D < 0 ? "-" : "+") + formatSize(std::abs(D));
+  }
+  return J;
+}
+
+// ------------------------------------------ a write another handle sees --
+
+/// "`images` (aliased at main.cpp:9)", from the typed finding.
+std::string holderOf(const Finding *F, std::string &Name) {
+  const clang::tidy::tensor::Handle *H = F ? F->handle(HandleRole::Changed) : nullptr;
+  Name = H ? H->Name : "";
+  std::string Holder = Name.empty() ? std::string("another handle") : "`" + Name + "`";
+  if (F && F->Origin.valid())
+    Holder += " (aliased at " + sys::path::filename(F->Origin.File).str() + ":" +
+              std::to_string(F->Origin.Line) + ")";
+  return Holder;
+}
+
+HazardJudgement writeHazard(const HazardInput &In, json::Object &Figures) {
+  HazardJudgement J;
+  const Event *W = nullptr;
+  for (const Event *E : In.At)
+    if (E->Kind == EventKind::Write && (!W || E->Handles > W->Handles))
+      W = E;
+  if (!W) {
+    J.Evidence.push_back("no in-place write at " + In.Where + " in the trace");
+    return J;
+  }
+  Figures["written_storage"] = W->Out;
+  std::string Name, Holder = holderOf(In.Typed, Name);
+  if (W->Handles > 1) {
+    J.Verdict = HazardVerdict::Confirmed;
+    std::string S = formatv("{0} at {1} wrote storage #{2} while {3} still held it", W->Op,
+                            In.Where, W->Out, Holder)
+                        .str();
+    if (W->SumBefore && W->SumAfter && *W->SumBefore != *W->SumAfter)
+      S +=
+          formatv("; {0} changed from sum {1} to {2}", Name.empty() ? "its data" : "`" + Name + "`",
+                  formatNumber(*W->SumBefore), formatNumber(*W->SumAfter))
+              .str();
+    J.Evidence.push_back(S);
+  } else {
+    J.Evidence.push_back(formatv("{0} at {1} wrote storage #{2}, which no other handle held", W->Op,
+                                 In.Where, W->Out)
+                             .str());
+  }
+  // backward() through a saved tensor this write changed.
+  for (const Event &E : In.T.Events)
+    if (E.Kind == EventKind::Error && E.Index > W->Index &&
+        StringRef(E.Message).contains("modified by an inplace")) {
+      J.Verdict = HazardVerdict::Confirmed;
+      J.Evidence.push_back("backward() failed: a saved tensor was modified in place at " +
+                           In.Where);
+      break;
+    }
+  return J;
+}
+
+FixJudgement writeFix(const FixInput &In, json::Object &) {
+  const Event *Shared = nullptr;
+  for (const Event *E : In.AtFix)
+    if (E->Kind == EventKind::Write && E->Handles > 1)
+      Shared = E;
+  FixJudgement J;
+  if (Shared)
+    J.Remains =
+        formatv("{0} at {1} still writes a storage another handle holds", Shared->Op, In.Where)
+            .str();
+  else
+    J.Gone = "no shared storage is written at " + In.Where + " any more";
+  return J;
+}
+
+// ------------------------------------------------------------- the table --
+
+const CheckRule Rules[] = {
+    {"tensor-alias-then-mutate", HazardKind::SharedStorageWrite, true, writeHazard, writeFix},
+    {"tensor-inplace-on-detached", HazardKind::DetachedWrite, true, writeHazard, writeFix},
+    {"tensor-view-non-contiguous", HazardKind::ViewThrows, false, viewHazard, viewFix},
+    {"tensor-reshape-non-contiguous", HazardKind::ImplicitCopy, false, reshapeHazard, reshapeFix},
+    {"tensor-clone-in-loop", HazardKind::LoopInvariantCopy, false, loopCopyHazard, loopCopyFix},
+};
+
+} // namespace
+
+const CheckRule &ruleFor(StringRef Check, const Finding *Typed) {
+  for (const CheckRule &R : Rules)
+    if (R.Check == Check)
+      return R;
+  if (Typed)
+    for (const CheckRule &R : Rules)
+      if (R.Hazard == Typed->Hazard)
+        return R;
+  return Rules[0];
+}
+
+} // namespace tensor_tidy::verify
