@@ -17,6 +17,7 @@ Exit codes:
   3  build: projects missing from the mirrors (the others were built)
 """
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -100,12 +101,25 @@ def extract(mirror, commit, paths, dest):
                 t.extractall(dest)
 
 
+def python_include():
+    """Debian's Python headers (torch/extension.h needs them and pybind11)."""
+    found = sorted(glob.glob("/usr/include/python3*/Python.h"))
+    if not found:
+        raise InputError("a project needs Python.h: install python3-dev and pybind11-dev")
+    return os.path.dirname(found[-1])
+
+
 def compile_args(project, src_dir, file):
     args = [CXX, "-std=" + project.get("std", "c++17")]
     if os.path.exists(os.path.join(TORCH_API_INCLUDE, "torch", "torch.h")):
         args += ["-isystem", TORCH_API_INCLUDE]
+    if project.get("python_headers"):
+        args += ["-isystem", python_include()]
     args += ["-I" + os.path.join(src_dir, d) for d in project.get("include_dirs", [])]
     args += ["-D" + d for d in project.get("defines", [])]
+    # Headers the sources use without including them (MSVC pulls them in).
+    for h in project.get("forced_includes", []):
+        args += ["-include", h]
     return args + ["-c", os.path.join(src_dir, file)]
 
 
