@@ -162,7 +162,7 @@ def cmd_build(opts):
         json.dump(entries, f, indent=1)
     with open(os.path.join(out, "projects.json"), "w") as f:
         json.dump(index, f, indent=1)
-    print("corpus: %d projects, %d TUs in %s" % (len(index), len(entries), out))
+    print("corpus: %d projects, %d TUs in %s" % (len(index), len(entries), out), flush=True)
     if missing:
         print("corpus: missing from %s (fetch github:<repo> first): %s"
               % (opts.mirrors, ", ".join(missing)), file=sys.stderr)
