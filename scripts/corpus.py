@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFEST = os.path.join(ROOT, "test", "corpus", "manifest.json")
 TRIAGE = os.path.join(ROOT, "test", "corpus", "triage.json")
 MIRRORS = "/work/.mirror"
+HELDOUT = os.path.join(os.path.dirname(ROOT), "shared", "heldout-repos.txt")
 CXX = "clang++-19"
 # As test/CMakeLists.txt computes %torch_include: -isystem /usr/include would
 # reorder the search path and break libstdc++'s #include_next.
@@ -67,7 +68,15 @@ def git(mirror, *args, **kw):
 
 # --- build ------------------------------------------------------------------
 
-def validate_manifest(manifest):
+def heldout_repositories(path):
+    """Repositories kept for independent measurement: never in the corpus."""
+    if not os.path.isfile(path):
+        return set()
+    with open(path) as f:
+        return {l.strip().lower() for l in f if l.strip() and not l.startswith("#")}
+
+
+def validate_manifest(manifest, heldout):
     projects = manifest.get("projects")
     if not isinstance(projects, list) or not projects:
         raise InputError("manifest has no 'projects' list")
@@ -76,6 +85,9 @@ def validate_manifest(manifest):
             if key not in p:
                 raise InputError("manifest project %s lacks '%s'"
                                  % (p.get("repository", "?"), key))
+        if p["repository"].lower() in heldout:
+            raise InputError("%s is held out for independent measurement; take it out of the manifest"
+                             % p["repository"])
     return projects
 
 
@@ -147,7 +159,8 @@ def build_project(project, src_dir, mirrors):
 
 
 def cmd_build(opts):
-    projects = validate_manifest(load_json(opts.manifest, "manifest"))
+    projects = validate_manifest(load_json(opts.manifest, "manifest"),
+                                 heldout_repositories(opts.heldout))
     out = os.path.abspath(opts.out)
     entries, missing, index = [], [], {}
     for p in projects:
@@ -303,6 +316,7 @@ def parse_args(argv):
                     help="scratch directory (default: build/corpus)")
     ap.add_argument("--manifest", default=MANIFEST)
     ap.add_argument("--mirrors", default=MIRRORS)
+    ap.add_argument("--heldout", default=HELDOUT, help="repositories the manifest must not use")
     ap.add_argument("--triage", default=TRIAGE)
     ap.add_argument("--tool", default=os.path.join(ROOT, "build", "bin", "tensor-tidy"))
     ap.add_argument("-j", "--jobs", type=int, default=2)

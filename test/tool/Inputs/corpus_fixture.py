@@ -44,6 +44,8 @@ for name, extra in (("triage-ok.json", {"verdict": "true-positive", "reason": "r
                     ("triage-bad.json", {"verdict": "maybe", "reason": "r"})):
     with open(os.path.join(root, name), "w") as f:
         json.dump({"findings": [dict(entry, **extra)]}, f)
+with open(os.path.join(root, "heldout.txt"), "w") as f:
+    f.write("# held out\nACME/Demo\n")
 with open(os.path.join(root, "triage-empty.json"), "w") as f:
     json.dump({"findings": []}, f)
 
