@@ -15,6 +15,7 @@
 #include "llvm/ADT/SmallVector.h"
 
 #include <cstdint>
+#include <optional>
 
 namespace clang::tidy::tensor {
 
