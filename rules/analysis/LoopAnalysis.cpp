@@ -74,8 +74,11 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
     basesOf(Init, B);
     for (const VarDecl *X : B)
       unite(V, X);
-    if (Model.isTensorType(V->getType()) && rootsForeign(Init))
+    if (Model.isTensorType(V->getType()) && rootsForeign(Init)) {
       ForeignVars.insert(V);
+      if (fromCallerTensors(Init))
+        CallerDerived.insert(V);
+    }
   };
   while (!Work.empty()) {
     const Stmt *S = Work.pop_back_val();
@@ -113,8 +116,23 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
     for (const Stmt *C : S->children())
       Work.push_back(C);
   }
+  // The caller's tensors (and handles made from them) are the caller's data:
+  // Note [Opaque calls] in docs/design.md.
   for (const VarDecl *V : ForeignVars)
-    Foreign.insert(root(V));
+    if (!isCallerTensor(V) && !CallerDerived.count(V))
+      Foreign.insert(root(V));
+}
+
+bool LoopAnalysis::isCallerTensor(const VarDecl *V) const {
+  return isa<ParmVarDecl>(V) && Model.isTensorType(V->getType());
+}
+
+bool LoopAnalysis::fromCallerTensors(const Expr *E) const {
+  llvm::SmallVector<const VarDecl *, 4> B;
+  basesOf(E, B);
+  return !B.empty() && llvm::all_of(B, [&](const VarDecl *V) {
+    return isCallerTensor(V) || CallerDerived.count(V);
+  });
 }
 
 const VarDecl *LoopAnalysis::root(const VarDecl *V) {
@@ -361,7 +379,8 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
         markWritten(Obj, F);
         llvm::SmallVector<const VarDecl *, 2> B;
         basesOf(Obj, B);
-        if (B.empty() || llvm::any_of(B, [&](const VarDecl *V) { return ForeignVars.count(V); }))
+        if ((B.empty() && rootsForeign(Obj)) ||
+            llvm::any_of(B, [&](const VarDecl *V) { return ForeignVars.count(V); }))
           F.Opaque = true; // writes storage that others may see
       }
     } else if (Obj && Callee) {
@@ -548,7 +567,7 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
     // handle aliasing a member): an opaque call (opt.step()) may write it.
     // A tensor the caller passed in is taken as the caller's data, which an
     // opaque call is not given (Note [Opaque calls] in docs/design.md).
-    bool CallerTensor = isa<ParmVarDecl>(V) && Model.isTensorType(V->getType());
+    bool CallerTensor = isCallerTensor(V);
     if (F.Opaque && !CallerTensor && (Foreign.count(root(V)) || isa<ParmVarDecl>(V)) &&
         mayHoldTensors(V->getType()))
       return false;

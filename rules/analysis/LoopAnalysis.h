@@ -59,6 +59,9 @@ private:
   const VarDecl *root(const VarDecl *V);
   void unite(const VarDecl *A, const VarDecl *B);
   bool rootsForeign(const Expr *E) const;
+  bool isCallerTensor(const VarDecl *V) const;
+  /// E's storage comes only from the caller's tensors.
+  bool fromCallerTensors(const Expr *E) const;
   void useOfValue(const Expr *E, const Stmt *Loop, Use &U,
                   llvm::SmallVectorImpl<const VarDecl *> &Work);
   bool isKnownLibrary(const FunctionDecl *FD) const;
@@ -75,6 +78,7 @@ private:
   llvm::DenseMap<const VarDecl *, const VarDecl *> Parent;
   llvm::DenseSet<const VarDecl *> Foreign;     // by class root, after prepare
   llvm::DenseSet<const VarDecl *> ForeignVars; // before roots are known
+  llvm::DenseSet<const VarDecl *> CallerDerived; // handles made from the caller's tensors
   llvm::DenseSet<const VarDecl *> Pinned;      // address taken, captured by reference
   llvm::DenseMap<const Stmt *, std::unique_ptr<LoopFacts>> Loops;
 };
