@@ -1,7 +1,7 @@
 #include "AliasThenMutateCheck.h"
 
-#include "analysis/AnalysisManager.h"
 #include "analysis/AliasCheckSupport.h"
+#include "analysis/AnalysisManager.h"
 #include "analysis/Finding.h"
 
 #include "clang/AST/ExprCXX.h"
@@ -25,7 +25,8 @@ void AliasThenMutateCheck::onEndOfTranslationUnit() {
 
 // The handle the write also changes: a later read first, then an escape.
 static const AffectedHandle *pick(const WriteEvent &W) {
-  return pickAffected(W, [](const AffectedHandle &A) { return A.CrossedAlias && !A.CrossedDetach; });
+  return pickAffected(W,
+                      [](const AffectedHandle &A) { return A.CrossedAlias && !A.CrossedDetach; });
 }
 
 void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
@@ -62,12 +63,13 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
         if (const FunctionDecl *Callee = Call->getDirectCallee())
           Op = Callee->getNameAsString();
     {
-      auto D = diag(Loc, "%select{in-place '%1'|call to '%1', which writes its argument in place,}0 "
-                         "on '%2' %select{also changes|may also change}3 '%4'%select{, "
-                         "which shares its storage: copying a tensor handle does not copy data|: "
-                         "'%5' returns its input, not a copy, when it can}3")
-               << (W->Via != nullptr) << writeName(*W) << declName(W->RootDecl)
-               << (E.Kind == EdgeKind::MayAlias) << declName(A->Decl) << Op;
+      auto D =
+          diag(Loc, "%select{in-place '%1'|call to '%1', which writes its argument in place,}0 "
+                    "on '%2' %select{also changes|may also change}3 '%4'%select{, "
+                    "which shares its storage: copying a tensor handle does not copy data|: "
+                    "'%5' returns its input, not a copy, when it can}3")
+          << (W->Via != nullptr) << writeName(*W) << declName(W->RootDecl)
+          << (E.Kind == EdgeKind::MayAlias) << declName(A->Decl) << Op;
       std::optional<llvm::SmallVector<FixItHint, 2>> Fix;
       FixKind Kind = FixKind::OutOfPlace;
       if (PerSite[E.Site] == 1 && isFullStatement(W->Write, FD->getBody()))

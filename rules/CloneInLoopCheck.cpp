@@ -17,11 +17,11 @@ CloneInLoopCheck::CloneInLoopCheck(StringRef Name, ClangTidyContext *Context)
     : TensorCheck(Name, Context) {}
 
 void CloneInLoopCheck::registerMatchers(MatchFinder *Finder) {
-  Finder->addMatcher(
-      cxxMemberCallExpr(callee(cxxMethodDecl(hasAnyName("clone", "contiguous", "to", "cuda", "cpu"))),
-                        unless(isExpansionInSystemHeader()))
-          .bind("copy"),
-      this);
+  Finder->addMatcher(cxxMemberCallExpr(callee(cxxMethodDecl(
+                                           hasAnyName("clone", "contiguous", "to", "cuda", "cpu"))),
+                                       unless(isExpansionInSystemHeader()))
+                         .bind("copy"),
+                     this);
 }
 
 namespace {
@@ -151,8 +151,8 @@ static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call,
   std::string Indent = Lexer::getIndentationForLine(Loop->getBeginLoc(), SM).str();
   Fixes.push_back(FixItHint::CreateInsertion(Loop->getBeginLoc(), DeclText.str() + "\n" + Indent));
   if (U.Written)
-    Fixes.push_back(FixItHint::CreateReplacement(DS->getSourceRange(),
-                                                 V->getName().str() + ".copy_(" + SrcText.str() + ");"));
+    Fixes.push_back(FixItHint::CreateReplacement(
+        DS->getSourceRange(), V->getName().str() + ".copy_(" + SrcText.str() + ");"));
   else
     Fixes.push_back(FixItHint::CreateRemoval(wholeLines(DS, SM)));
   return Fixes;
@@ -235,7 +235,7 @@ void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   auto D = diag(ME->getMemberLoc(), message(Call, SrcText, U, Lay));
   for (const FixItHint &F : Fixes)
     D << F;
-  FixKind Fix = Fixes.empty()        ? FixKind::None
+  FixKind Fix = Fixes.empty()       ? FixKind::None
                 : Fixes.size() == 1 ? FixKind::UseSource
                 : U.Written         ? FixKind::HoistAndCopyInto
                                     : FixKind::HoistOutOfLoop;

@@ -1,7 +1,7 @@
 #pragma once
 
-#include "analysis/TensorCheck.h"
 #include "analysis/AnalysisManager.h"
+#include "analysis/TensorCheck.h"
 
 #include "llvm/ADT/DenseSet.h"
 
@@ -20,8 +20,8 @@ public:
   }
 
 private:
-  std::string message(const CXXMemberCallExpr *Call, StringRef SrcText,
-                      const LoopAnalysis::Use &U, const LayoutAnalysis *Lay) const;
+  std::string message(const CXXMemberCallExpr *Call, StringRef SrcText, const LoopAnalysis::Use &U,
+                      const LayoutAnalysis *Lay) const;
   ReportedOnce Reported; // template instantiations repeat a call
 };
 

@@ -1,7 +1,7 @@
 #include "InplaceOnDetachedCheck.h"
 
-#include "analysis/AnalysisManager.h"
 #include "analysis/AliasCheckSupport.h"
+#include "analysis/AnalysisManager.h"
 #include "analysis/Finding.h"
 
 #include "clang/AST/ExprCXX.h"
@@ -39,7 +39,8 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
     // `p.detach().zero_()` plainly means to write p.
     if (!W.RootDecl && IgnoreDirectChains)
       continue;
-    const AffectedHandle *A = pickAffected(W, [](const AffectedHandle &C) { return C.CrossedDetach; });
+    const AffectedHandle *A =
+        pickAffected(W, [](const AffectedHandle &C) { return C.CrossedDetach; });
     if (!A || !A->FirstDetach.Site)
       continue;
     if (IgnoreUnderNoGrad && isUnderNoGrad(W.Write, FD->getBody()))
@@ -54,22 +55,23 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
         Op = Callee->getNameAsString();
     std::string Handle = W.RootDecl ? declName(W.RootDecl) : std::string("the detached tensor");
     {
-      auto D = diag(Loc, "%select{in-place '%1'|call to '%1', which writes its argument in place,}0 "
-                         "on '%2' changes '%3' behind autograd's back: %select{'%4()' shares "
-                         "storage and the version counter with its source|'%4()' shares storage "
-                         "but not even the version counter, so autograd cannot detect the "
-                         "change}5")
-               << (W.Via != nullptr) << writeName(W) << Handle << declName(A->Decl) << Op
-               << (E.Kind == EdgeKind::Data);
+      auto D =
+          diag(Loc, "%select{in-place '%1'|call to '%1', which writes its argument in place,}0 "
+                    "on '%2' changes '%3' behind autograd's back: %select{'%4()' shares "
+                    "storage and the version counter with its source|'%4()' shares storage "
+                    "but not even the version counter, so autograd cannot detect the "
+                    "change}5")
+          << (W.Via != nullptr) << writeName(W) << Handle << declName(A->Decl) << Op
+          << (E.Kind == EdgeKind::Data);
       std::optional<FixItHint> Fix = detachCloneFix(E, Ctx);
       if (Fix)
         D << *Fix;
       emitFinding(writeFinding(getID(), HazardKind::DetachedWrite, Loc, W, *A, E,
-                               Fix ? FixKind::DetachClone : FixKind::None,
-                               Ctx.getSourceManager()));
+                               Fix ? FixKind::DetachClone : FixKind::None, Ctx.getSourceManager()));
     }
-    diag(E.Site->getBeginLoc(), "'%0' is detached here; use 'detach().clone()' for a copy the "
-                                "code can own",
+    diag(E.Site->getBeginLoc(),
+         "'%0' is detached here; use 'detach().clone()' for a copy the "
+         "code can own",
          DiagnosticIDs::Note)
         << declName(A->Decl);
     diag(exposureLoc(*A), exposureNote(*A), DiagnosticIDs::Note);

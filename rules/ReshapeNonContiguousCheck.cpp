@@ -54,9 +54,8 @@ void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
     bool Fixable =
         ME && !Loc.isMacroID() && !ME->isArrow() && !inTemplateInstantiation(Call, *Result.Context);
     if (Fixable)
-      D << FixItHint::CreateReplacement(ME->getMemberLoc(), Name == "reshape"
-                                                                ? "contiguous().view"
-                                                                : "contiguous()." + Name);
+      D << FixItHint::CreateReplacement(
+          ME->getMemberLoc(), Name == "reshape" ? "contiguous().view" : "contiguous()." + Name);
     emitFinding(layoutFinding(getID(), HazardKind::ImplicitCopy, Call, *Q,
                               Fixable ? FixKind::ContiguousFirst : FixKind::None,
                               *Result.SourceManager));

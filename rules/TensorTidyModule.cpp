@@ -3,11 +3,11 @@
 #include "ClangTidyModule.h"
 #include "ClangTidyModuleRegistry.h"
 
-#include "ViewNonContiguousCheck.h"
 #include "AliasThenMutateCheck.h"
+#include "CloneInLoopCheck.h"
 #include "InplaceOnDetachedCheck.h"
 #include "ReshapeNonContiguousCheck.h"
-#include "CloneInLoopCheck.h"
+#include "ViewNonContiguousCheck.h"
 
 namespace clang::tidy::tensor {
 

@@ -66,12 +66,14 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   // explicit (tensor-reshape-non-contiguous accepts it). Otherwise reshape
   // copies only if it must.
   bool Known = Q->Input.Sizes.has_value();
-  Msg += Known ? "make the copy explicit with '.contiguous()." + Name + "(...)' or use '" + Reshape + "'"
-               : "use '" + Reshape + "' (which copies only when it must) or make the copy explicit with "
-                 "'.contiguous()." + Name + "(...)'";
+  Msg += Known ? "make the copy explicit with '.contiguous()." + Name + "(...)' or use '" +
+                     Reshape + "'"
+               : "use '" + Reshape +
+                     "' (which copies only when it must) or make the copy explicit with "
+                     "'.contiguous()." +
+                     Name + "(...)'";
   {
-    auto D = diag(ME->getMemberLoc(), Msg,
-                  severity(*Q));
+    auto D = diag(ME->getMemberLoc(), Msg, severity(*Q));
     bool Fixable = !ME->getMemberLoc().isMacroID() && !ME->isArrow() &&
                    !inTemplateInstantiation(View, *Result.Context);
     if (Fixable)

@@ -1,7 +1,7 @@
 #pragma once
 
-#include "analysis/TensorCheck.h"
 #include "analysis/AnalysisManager.h"
+#include "analysis/TensorCheck.h"
 
 #include "llvm/ADT/DenseSet.h"
 

@@ -1,6 +1,7 @@
 #include "analysis/AliasAnalysis.h"
 
 #include "analysis/AstHelpers.h"
+#include "analysis/Dataflow.h"
 
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/DeclCXX.h"
@@ -8,10 +9,10 @@
 #include "clang/AST/RecursiveASTVisitor.h"
 #include "clang/AST/StmtCXX.h"
 #include "clang/Analysis/CFG.h"
+#include "clang/Basic/SourceManager.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
-#include "clang/Basic/SourceManager.h"
 
 #include <algorithm>
 #include <deque>
@@ -25,7 +26,7 @@ constexpr unsigned MaxBlocks = 4000;
 constexpr unsigned MaxVisits = 200000;
 
 using NodeSet = llvm::SmallVector<unsigned, 2>; // sorted, unique
-using State = llvm::DenseMap<const VarDecl *, NodeSet>;
+using AliasState = llvm::DenseMap<const VarDecl *, NodeSet>;
 
 struct Node {
   llvm::SmallVector<AliasEdge, 1> Parents;
@@ -46,7 +47,7 @@ bool addToSet(NodeSet &S, unsigned N) {
   return true;
 }
 
-bool mergeInto(State &Into, const State &From) {
+bool mergeInto(AliasState &Into, const AliasState &From) {
   bool Changed = false;
   for (const auto &[V, NS] : From) {
     auto [It, New] = Into.try_emplace(V, NS);
@@ -122,6 +123,12 @@ public:
 
   bool run(FunctionAliasResult &Result, FunctionSummary &Summary);
 
+  // The dataflow domain (ForwardDataflow).
+  using State = AliasState;
+  void transfer(const Stmt *St, State &S);
+  bool join(State &Into, const State &From) { return mergeInto(Into, From); }
+  void widen(State &) {}
+
 private:
   bool isTracked(const VarDecl *VD) const {
     return VD && VD->isLocalVarDeclOrParm() && !VD->isStaticLocal() &&
@@ -174,7 +181,6 @@ private:
   NodeSet valueNodes(const Expr *E, const State &S);
   NodeSet copyOf(const Expr *E, const void *Key, const State &S);
   const FunctionSummary *calleeSummary(const CallExpr *Call) const;
-  void transfer(const Stmt *St, State &S);
   void markEscaped(const NodeSet &NS, const ValueDecl *D, const Stmt *Site) {
     for (unsigned N : NS)
       if (!Nodes[N].EscapeSite) {
@@ -182,9 +188,12 @@ private:
         Nodes[N].EscapedDecl = D;
       }
   }
-  void recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via,
-                   const State &S, unsigned Block, unsigned Index, FunctionAliasResult &R,
-                   FunctionSummary &Sum);
+  State entryState();
+  void recordAt(const Stmt *St, const State &S, unsigned Block, unsigned Index,
+                FunctionAliasResult &Result, FunctionSummary &Summary);
+  void summarise(FunctionSummary &Summary);
+  void recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via, const State &S,
+                   unsigned Block, unsigned Index, FunctionAliasResult &R, FunctionSummary &Sum);
   const Stmt *laterRead(const VarDecl *V, unsigned Block, unsigned Index) const;
   void collectNonReads();
 
@@ -269,9 +278,8 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
       NodeSet From = valueNodes(Self, S);
       // contiguous() of a transposed/permuted tensor copies (barring size-1
       // dims): not an alias.
-      bool AllPermuted = !From.empty() && llvm::all_of(From, [&](unsigned N) {
-        return Nodes[N].Permuted;
-      });
+      bool AllPermuted =
+          !From.empty() && llvm::all_of(From, [&](unsigned N) { return Nodes[N].Permuted; });
       if (forcesCopy(Call) || (AllPermuted && Op->name == "contiguous"))
         return fresh(E);
       return derived(E, EdgeKind::MayAlias, From, E);
@@ -311,9 +319,8 @@ NodeSet FunctionAnalyzer::copyOf(const Expr *E, const void *Key, const State &S)
     for (unsigned P : From)
       if (P != N)
         addParent(N, P, EdgeKind::Copy, Src);
-    Nodes[N].Permuted = !From.empty() && llvm::all_of(From, [&](unsigned P) {
-      return Nodes[P].Permuted;
-    });
+    Nodes[N].Permuted =
+        !From.empty() && llvm::all_of(From, [&](unsigned P) { return Nodes[P].Permuted; });
     return {N};
   }
   return valueNodes(E, S);
@@ -643,8 +650,21 @@ bool FunctionAnalyzer::run(FunctionAliasResult &Result, FunctionSummary &Summary
   Cfg = CFG::buildCFG(FD, const_cast<Stmt *>(Body), &Ctx, Opts);
   if (!Cfg || Cfg->getNumBlockIDs() > MaxBlocks)
     return false;
-
   Summary.MutatesParam.assign(FD->getNumParams(), false);
+  ForwardDataflow<FunctionAnalyzer> Flow(*Cfg, *this);
+  DataflowLimits Limits;
+  Limits.MaxVisitsPerBlock = ~0u; // node sets only grow: no widening needed
+  if (!Flow.solve(entryState(), Limits))
+    return false; // not converging in reasonable time: say nothing
+  collectNonReads();
+  Flow.replay([&](const CFGBlock &B, unsigned I, const Stmt *St, const State &S) {
+    recordAt(St, S, B.getBlockID(), I, Result, Summary);
+  });
+  summarise(Summary);
+  return true;
+}
+
+FunctionAnalyzer::State FunctionAnalyzer::entryState() {
   State Entry;
   for (unsigned I = 0; I < FD->getNumParams(); ++I) {
     const ParmVarDecl *P = FD->getParamDecl(I);
@@ -654,74 +674,33 @@ bool FunctionAnalyzer::run(FunctionAliasResult &Result, FunctionSummary &Summary
     Nodes[N].ParamIndex = I;
     Entry[P] = {N};
   }
+  return Entry;
+}
 
-  // Forward fixpoint over the blocks.
-  std::vector<State> In(Cfg->getNumBlockIDs());
-  std::vector<bool> Reached(Cfg->getNumBlockIDs(), false), Queued(Cfg->getNumBlockIDs(), false);
-  std::deque<const CFGBlock *> Work;
-  const CFGBlock &EntryB = Cfg->getEntry();
-  In[EntryB.getBlockID()] = Entry;
-  Reached[EntryB.getBlockID()] = true;
-  Work.push_back(&EntryB);
-  unsigned Steps = 0;
-  while (!Work.empty()) {
-    const CFGBlock *B = Work.front();
-    Work.pop_front();
-    Queued[B->getBlockID()] = false;
-    if (++Steps > 50 * Cfg->getNumBlockIDs() + 100)
-      return false; // not converging in reasonable time: say nothing
-    State S = In[B->getBlockID()];
-    for (const CFGElement &El : *B)
-      if (auto CS = El.getAs<CFGStmt>())
-        transfer(CS->getStmt(), S);
-    for (const CFGBlock *Succ : B->succs()) {
-      if (!Succ)
-        continue;
-      unsigned Id = Succ->getBlockID();
-      bool Changed = mergeInto(In[Id], S) || !Reached[Id];
-      Reached[Id] = true;
-      if (Changed && !Queued[Id]) {
-        Queued[Id] = true;
-        Work.push_back(Succ);
-      }
+// At one statement of the fixpoint replay: the writes it makes (in place, or
+// through a callee that mutates a parameter) and the value it returns.
+void FunctionAnalyzer::recordAt(const Stmt *St, const State &S, unsigned Block, unsigned Index,
+                                FunctionAliasResult &Result, FunctionSummary &Summary) {
+  // Calls only: the casts around a call are elements of their own.
+  if (const auto *E = dyn_cast<CallExpr>(St)) {
+    if (const Expr *T = M.inPlaceTarget(E)) {
+      recordWrite(E, T, nullptr, S, Block, Index, Result, Summary);
+    } else if (const FunctionSummary *Sum = calleeSummary(E)) {
+      llvm::ArrayRef<const Expr *> Args = callArgs(E);
+      for (unsigned A = 0; A < Args.size() && A < Sum->MutatesParam.size(); ++A)
+        if (Sum->MutatesParam[A] && M.isTensorExpr(Args[A]))
+          recordWrite(E, Args[A], E->getDirectCallee(), S, Block, Index, Result, Summary);
     }
+  } else if (const auto *RS = dyn_cast<ReturnStmt>(St)) {
+    if (RS->getRetValue() && M.isTensorExpr(RS->getRetValue()))
+      Returns.push_back(valueNodes(RS->getRetValue(), S));
+    else
+      UnknownReturn = true;
   }
+}
 
-  // Replay each block from its fixpoint state and record the writes.
-  collectNonReads();
-  for (const CFGBlock *B : *Cfg) {
-    if (!Reached[B->getBlockID()])
-      continue;
-    State S = In[B->getBlockID()];
-    for (unsigned I = 0; I < B->size(); ++I) {
-      auto CS = (*B)[I].getAs<CFGStmt>();
-      if (!CS)
-        continue;
-      const Stmt *St = CS->getStmt();
-      // Calls only: the casts around a call are elements of their own.
-      if (const auto *E = dyn_cast<CallExpr>(St)) {
-        if (const Expr *T = M.inPlaceTarget(E)) {
-          recordWrite(E, T, nullptr, S, B->getBlockID(), I, Result, Summary);
-        } else if (const auto *Call = E) {
-          if (const FunctionSummary *Sum = calleeSummary(Call)) {
-            llvm::ArrayRef<const Expr *> Args = callArgs(Call);
-            for (unsigned A = 0; A < Args.size() && A < Sum->MutatesParam.size(); ++A)
-              if (Sum->MutatesParam[A] && M.isTensorExpr(Args[A]))
-                recordWrite(E, Args[A], Call->getDirectCallee(), S, B->getBlockID(), I, Result,
-                            Summary);
-          }
-        }
-      } else if (const auto *RS = dyn_cast<ReturnStmt>(St)) {
-        if (RS->getRetValue() && M.isTensorExpr(RS->getRetValue()))
-          Returns.push_back(valueNodes(RS->getRetValue(), S));
-        else
-          UnknownReturn = true;
-      }
-      transfer(St, S);
-    }
-  }
-
-  // Summary: every return an alias of the same parameter.
+// The summary: every return an alias of the same parameter, and how.
+void FunctionAnalyzer::summarise(FunctionSummary &Summary) {
   int Param = -1;
   EdgeKind Kind = EdgeKind::Copy;
   bool Ok = !Returns.empty() && !UnknownReturn;
@@ -762,7 +741,6 @@ bool FunctionAnalyzer::run(FunctionAliasResult &Result, FunctionSummary &Summary
     Summary.ReturnsParam = Param;
     Summary.ReturnKind = Kind;
   }
-  return true;
 }
 
 // Cheap pre-filter: does the body write a tensor in place, or call a
@@ -854,7 +832,6 @@ const FunctionSummary *AliasAnalysis::summary(const FunctionDecl *FD) {
     return nullptr;
   return run(Def).Summary.get();
 }
-
 
 namespace {
 bool isNoGradGuardDecl(const Stmt *St) {

@@ -39,13 +39,13 @@ struct AliasEdge {
 
 // Why a handle that sees a write matters.
 enum class Exposure : uint8_t {
-  ReadLater, // a local handle read after the write
-  Parameter, // the caller's tensor
-  Member,    // a data member
-  Global,    // a global or static variable
-  Captured,  // a variable of the enclosing function (inside a lambda)
-  External,  // a reference to storage this function does not own
-  Stored,    // stored into a member, global or reference parameter, or captured by a lambda
+  ReadLater,    // a local handle read after the write
+  Parameter,    // the caller's tensor
+  Member,       // a data member
+  Global,       // a global or static variable
+  Captured,     // a variable of the enclosing function (inside a lambda)
+  External,     // a reference to storage this function does not own
+  Stored,       // stored into a member, global or reference parameter, or captured by a lambda
   RequiresGrad, // made with requires_grad(true) or given requires_grad_()
 };
 
@@ -65,7 +65,7 @@ struct WriteEvent {
   const Expr *Target = nullptr; // the written tensor expression
   const Expr *Root = nullptr;   // Target without its explicit-view calls
   const ValueDecl *RootDecl = nullptr; // the handle Root names, if any
-  bool Direct = false;          // Target names the handle itself (`b.add_(1)`, `b -= m`)
+  bool Direct = false;                 // Target names the handle itself (`b.add_(1)`, `b -= m`)
   const FunctionDecl *Via = nullptr;   // set when the write happens inside this callee
   std::vector<AffectedHandle> Affected;
 };

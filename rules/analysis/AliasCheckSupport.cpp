@@ -129,9 +129,7 @@ SourceLocation afterEnd(const Expr *E, ASTContext &Ctx) {
   return Lexer::getLocForEndOfToken(E->getEndLoc(), 0, Ctx.getSourceManager(), Ctx.getLangOpts());
 }
 
-const CXXRecordDecl *recordOf(QualType T) {
-  return T.getNonReferenceType()->getAsCXXRecordDecl();
-}
+const CXXRecordDecl *recordOf(QualType T) { return T.getNonReferenceType()->getAsCXXRecordDecl(); }
 
 bool hasMember(const CXXRecordDecl *RD, DeclarationName Name, unsigned MinParams = 0) {
   if (!RD || !RD->hasDefinition())
@@ -187,17 +185,28 @@ std::optional<std::string> memoryFormatSpelling(const CXXRecordDecl *RD, ASTCont
 
 OverloadedOperatorKind binaryOf(OverloadedOperatorKind K) {
   switch (K) {
-  case OO_PlusEqual: return OO_Plus;
-  case OO_MinusEqual: return OO_Minus;
-  case OO_StarEqual: return OO_Star;
-  case OO_SlashEqual: return OO_Slash;
-  case OO_PercentEqual: return OO_Percent;
-  case OO_AmpEqual: return OO_Amp;
-  case OO_PipeEqual: return OO_Pipe;
-  case OO_CaretEqual: return OO_Caret;
-  case OO_LessLessEqual: return OO_LessLess;
-  case OO_GreaterGreaterEqual: return OO_GreaterGreater;
-  default: return OO_None;
+  case OO_PlusEqual:
+    return OO_Plus;
+  case OO_MinusEqual:
+    return OO_Minus;
+  case OO_StarEqual:
+    return OO_Star;
+  case OO_SlashEqual:
+    return OO_Slash;
+  case OO_PercentEqual:
+    return OO_Percent;
+  case OO_AmpEqual:
+    return OO_Amp;
+  case OO_PipeEqual:
+    return OO_Pipe;
+  case OO_CaretEqual:
+    return OO_Caret;
+  case OO_LessLessEqual:
+    return OO_LessLess;
+  case OO_GreaterGreaterEqual:
+    return OO_GreaterGreater;
+  default:
+    return OO_None;
   }
 }
 
@@ -206,7 +215,8 @@ bool needsParens(const Expr *E) {
   if (isa<BinaryOperator, ConditionalOperator>(E))
     return true;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))
-    return OC->getNumArgs() == 2 && OC->getOperator() != OO_Subscript && OC->getOperator() != OO_Call;
+    return OC->getNumArgs() == 2 && OC->getOperator() != OO_Subscript &&
+           OC->getOperator() != OO_Call;
   return false;
 }
 } // namespace
@@ -231,9 +241,9 @@ std::optional<llvm::SmallVector<FixItHint, 2>> outOfPlaceFix(const WriteEvent &W
     std::string Rhs = text(OC->getArg(1), Ctx);
     if (needsParens(OC->getArg(1)))
       Rhs = "(" + Rhs + ")";
-    Fix.push_back(FixItHint::CreateReplacement(
-        OC->getSourceRange(),
-        Handle + " = " + Handle + " " + getOperatorSpelling(Bin) + " " + Rhs));
+    Fix.push_back(FixItHint::CreateReplacement(OC->getSourceRange(), Handle + " = " + Handle + " " +
+                                                                         getOperatorSpelling(Bin) +
+                                                                         " " + Rhs));
     return Fix;
   }
   const auto *MC = dyn_cast<CXXMemberCallExpr>(W.Write);
@@ -316,7 +326,8 @@ const AffectedHandle *pickAffected(const WriteEvent &W,
                                    llvm::function_ref<bool(const AffectedHandle &)> Eligible) {
   const AffectedHandle *Best = nullptr;
   for (const AffectedHandle &A : W.Affected)
-    if (Eligible(A) && (!Best || (Best->Why != Exposure::ReadLater && A.Why == Exposure::ReadLater)))
+    if (Eligible(A) &&
+        (!Best || (Best->Why != Exposure::ReadLater && A.Why == Exposure::ReadLater)))
       Best = &A;
   return Best;
 }

@@ -17,11 +17,11 @@ namespace clang::tidy::tensor {
 
 bool TensorFact::operator==(const TensorFact &O) const {
   return Contig == O.Contig && Assumed == O.Assumed && DTypeAssumed == O.DTypeAssumed &&
-         DeviceAssumed == O.DeviceAssumed &&
-         AssumedSource == O.AssumedSource && KindSource == O.KindSource &&
-         Sizes == O.Sizes && Strides == O.Strides && ElemSize == O.ElemSize && DType == O.DType &&
-         Device == O.Device && SwapA == O.SwapA && SwapB == O.SwapB && UnitDims == O.UnitDims &&
-         Src == O.Src && Origin == O.Origin && OriginLoc == O.OriginLoc;
+         DeviceAssumed == O.DeviceAssumed && AssumedSource == O.AssumedSource &&
+         KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
+         ElemSize == O.ElemSize && DType == O.DType && Device == O.Device && SwapA == O.SwapA &&
+         SwapB == O.SwapB && UnitDims == O.UnitDims && Src == O.Src && Origin == O.Origin &&
+         OriginLoc == O.OriginLoc;
 }
 
 namespace layout {
@@ -204,7 +204,9 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
 }
 
 TensorFact::ContigKind toContig(Contig C) {
-  return C == Contig::Yes ? TensorFact::Yes : C == Contig::No ? TensorFact::No : TensorFact::Unknown;
+  return C == Contig::Yes  ? TensorFact::Yes
+         : C == Contig::No ? TensorFact::No
+                           : TensorFact::Unknown;
 }
 
 std::optional<std::int64_t> normDim(std::optional<std::int64_t> D, size_t Rank) {
@@ -220,7 +222,6 @@ std::optional<std::int64_t> normDim(std::optional<std::int64_t> D, size_t Rank) 
 } // namespace layout
 
 using namespace layout;
-
 
 //===----------------------------------------------------------------------===//
 // Values
@@ -276,16 +277,24 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
 TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, State &S) {
   llvm::StringRef Name;
   switch (OC->getOperator()) {
-  case OO_Plus: Name = "add"; break;
-  case OO_Minus: Name = OC->getNumArgs() == 1 ? "neg" : "sub"; break;
-  case OO_Star: Name = "mul"; break;
-  case OO_Slash: Name = "div"; break;
+  case OO_Plus:
+    Name = "add";
+    break;
+  case OO_Minus:
+    Name = OC->getNumArgs() == 1 ? "neg" : "sub";
+    break;
+  case OO_Star:
+    Name = "mul";
+    break;
+  case OO_Slash:
+    Name = "div";
+    break;
   case OO_Subscript:
     // `x[i]` with an integer selects along dim 0 (a view); anything else
     // (`outputs[0]` of a container, a tensor index) is a new value.
     if (Model.isTensorExpr(OC->getArg(0)) && isIntExpr(OC->getArg(1)->IgnoreImpCasts())) {
-      OpCall C{OC, "select", sem::lookup("select"), OC->getArg(0), {}, S,
-               evalTensor(OC->getArg(0), S)};
+      OpCall C{OC, "select", sem::lookup("select"),       OC->getArg(0),
+               {}, S,        evalTensor(OC->getArg(0), S)};
       if (Recording)
         Facts[C.SelfE] = C.Self;
       return sliceAlong(C, 0, 1);
@@ -466,8 +475,8 @@ std::optional<Shape> LayoutAnalysis::Impl::inferShape(const ShapeArg &A, const T
   for (size_t I = 0; I < R.size(); ++I)
     if ((int)I != A.Infer)
       Rest = ST.mul(Rest, R[I]);
-  R[A.Infer] = Self.Sizes ? ST.divSize(ST.product(*Self.Sizes), Rest, Key)
-                          : ST.sym(Key, 1000 + A.Infer);
+  R[A.Infer] =
+      Self.Sizes ? ST.divSize(ST.product(*Self.Sizes), Rest, Key) : ST.sym(Key, 1000 + A.Infer);
   return R;
 }
 
@@ -689,8 +698,7 @@ std::string LayoutAnalysis::assumption(const TensorFact &F) {
 }
 
 std::optional<std::int64_t> LayoutAnalysis::bytesOf(const TensorFact &F) {
-  if (!F.Sizes || !F.ElemSize ||
-      !llvm::all_of(*F.Sizes, [](const Mono &M) { return M.isConst(); }))
+  if (!F.Sizes || !F.ElemSize || !llvm::all_of(*F.Sizes, [](const Mono &M) { return M.isConst(); }))
     return std::nullopt;
   std::int64_t N = F.ElemSize;
   for (const Mono &M : *F.Sizes)

@@ -168,5 +168,4 @@ public:
   void forgetWrittenArgs(const CallExpr *Call, State &S);
 };
 
-
 } // namespace clang::tidy::tensor

@@ -225,8 +225,7 @@ TensorFact LayoutAnalysis::Impl::reshapeLike(const OpCall &C, const TensorFact &
 }
 
 ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
-                                           const std::optional<Shape> &NewShape,
-                                           Shape &NewStride) {
+                                           const std::optional<Shape> &NewShape, Shape &NewStride) {
   ViewQuery Q;
   Q.Input = In;
   Q.NewSizes = NewShape;
@@ -434,8 +433,8 @@ TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, siz
 Mono LayoutAnalysis::Impl::sliceLength(const OpCall &C, const Mono &Len, size_t First,
                                        std::int64_t Step) {
   auto Start = C.arg(First) ? constInt(C.arg(First), Ctx) : std::optional<std::int64_t>(0);
-  auto End = C.arg(First + 1) ? constInt(C.arg(First + 1), Ctx)
-                              : std::optional<std::int64_t>(INT64_MAX);
+  auto End =
+      C.arg(First + 1) ? constInt(C.arg(First + 1), Ctx) : std::optional<std::int64_t>(INT64_MAX);
   if (!Start || !End || !Len.isConst())
     return ST.sym(C.Call, 0);
   std::int64_t L = Len.Num, A = *Start < 0 ? *Start + L : *Start;
@@ -588,12 +587,12 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
   const TensorFact &Self = C.Self;
   // Each part either keeps the input's value, changes it, or is unknown.
   enum Part { Keeps, Changes, Unsure };
-  auto DevPart = T.Device == TensorFact::AnyDevice ? Keeps
+  auto DevPart = T.Device == TensorFact::AnyDevice      ? Keeps
                  : Self.Device == TensorFact::AnyDevice ? Unsure
-                 : Self.Device == T.Device               ? Keeps
-                                                          : Changes;
-  auto DTypePart = !T.DType.Size ? Keeps
-                   : Self.DType.empty() ? Unsure
+                 : Self.Device == T.Device              ? Keeps
+                                                        : Changes;
+  auto DTypePart = !T.DType.Size                ? Keeps
+                   : Self.DType.empty()         ? Unsure
                    : Self.DType == T.DType.Name ? Keeps
                                                 : Changes;
   if (Recording) {
@@ -602,7 +601,8 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
     Q.Result = DevPart == Changes || DTypePart == Changes ? ConversionQuery::Copies
                : DevPart == Keeps && DTypePart == Keeps   ? ConversionQuery::ReturnsSelf
                                                           : ConversionQuery::Unknown;
-    Q.Assumed = (DevPart != Keeps && Self.DeviceAssumed) || (DTypePart != Keeps && Self.DTypeAssumed);
+    Q.Assumed =
+        (DevPart != Keeps && Self.DeviceAssumed) || (DTypePart != Keeps && Self.DTypeAssumed);
     Conversions[C.Call] = Q;
   }
   TensorFact R = Self;

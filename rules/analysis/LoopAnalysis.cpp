@@ -14,9 +14,7 @@ namespace {
 
 const Expr *peel(const Expr *E) { return stripHandle(E); }
 
-bool isLoop(const Stmt *S) {
-  return isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S);
-}
+bool isLoop(const Stmt *S) { return isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S); }
 
 // Methods that copy data into a container or keep the argument.
 bool isStoreName(llvm::StringRef N) {
@@ -538,8 +536,8 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
   if (isa<IntegerLiteral, FloatingLiteral, CXXBoolLiteralExpr, StringLiteral, CharacterLiteral,
           CXXNullPtrLiteralExpr, CXXDefaultArgExpr>(E))
     return true;
-  if (!E->isValueDependent() && !E->isTypeDependent() && E->getType()->isIntegralOrEnumerationType() &&
-      E->isEvaluatable(Ctx))
+  if (!E->isValueDependent() && !E->isTypeDependent() &&
+      E->getType()->isIntegralOrEnumerationType() && E->isEvaluatable(Ctx))
     return true;
   const LoopFacts &F = factsOf(Loop);
   if (const auto *D = dyn_cast<DeclRefExpr>(E)) {
@@ -593,12 +591,14 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
            isInvariant(BO->getRHS(), Loop, Depth + 1);
   // Values built from invariant parts: {2, 3}, TensorOptions(dev), Device("cuda").
   if (const auto *IL = dyn_cast<InitListExpr>(E))
-    return llvm::all_of(IL->inits(), [&](const Expr *I) { return isInvariant(I, Loop, Depth + 1); });
+    return llvm::all_of(IL->inits(),
+                        [&](const Expr *I) { return isInvariant(I, Loop, Depth + 1); });
   if (const auto *SIL = dyn_cast<CXXStdInitializerListExpr>(E))
     return isInvariant(SIL->getSubExpr(), Loop, Depth + 1);
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E))
-    return !Model.isTensorExpr(CE) &&
-           llvm::all_of(CE->arguments(), [&](const Expr *A) { return isInvariant(A, Loop, Depth + 1); });
+    return !Model.isTensorExpr(CE) && llvm::all_of(CE->arguments(), [&](const Expr *A) {
+      return isInvariant(A, Loop, Depth + 1);
+    });
   const auto *C = dyn_cast<CallExpr>(E);
   if (!C)
     return false;
@@ -612,7 +612,11 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
     return false;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
     switch (OC->getOperator()) {
-    case OO_Plus: case OO_Minus: case OO_Star: case OO_Slash: case OO_Subscript:
+    case OO_Plus:
+    case OO_Minus:
+    case OO_Star:
+    case OO_Slash:
+    case OO_Subscript:
       return ArgsInvariant();
     default:
       return false;
@@ -622,9 +626,9 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
   const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
   if (MC && Model.isTensorExpr(MC->getImplicitObjectArgument()->IgnoreParenImpCasts())) {
     const sem::OpInfo *Op = tensorOp(Model, C);
-    bool Pure = (Op && Op->storage != sem::Storage::InPlace &&
-                 Op->storage != sem::Storage::Factory) ||
-                (Callee && Callee->getIdentifier() && isMetadata(Callee->getName()));
+    bool Pure =
+        (Op && Op->storage != sem::Storage::InPlace && Op->storage != sem::Storage::Factory) ||
+        (Callee && Callee->getIdentifier() && isMetadata(Callee->getName()));
     return Pure && isInvariant(MC->getImplicitObjectArgument(), Loop, Depth + 1) && ArgsInvariant();
   }
   // Library value constructors and tensor ops in tt/torch/at (kCUDA,
@@ -650,7 +654,8 @@ void LoopAnalysis::useOfValue(const Expr *E, const Stmt *Loop, Use &U,
     const DynTypedNode &N = Ps[0];
     if (const auto *V = N.get<VarDecl>()) {
       if (V->isStaticLocal() || !isDeclaredIn(V, Loop) ||
-          (V->getType()->isReferenceType() && !V->getType().getNonReferenceType().isConstQualified()))
+          (V->getType()->isReferenceType() &&
+           !V->getType().getNonReferenceType().isConstQualified()))
         U.Escapes = true;
       else if (Model.isTensorType(V->getType()))
         Work.push_back(V);
@@ -751,8 +756,7 @@ void LoopAnalysis::useOfValue(const Expr *E, const Stmt *Loop, Use &U,
       U.Escapes = true;
       return;
     }
-    if (Callee->getIdentifier() &&
-        (isStoreName(Callee->getName()) || isStdMoveLike(C))) {
+    if (Callee->getIdentifier() && (isStoreName(Callee->getName()) || isStdMoveLike(C))) {
       U.Escapes = true;
       return;
     }

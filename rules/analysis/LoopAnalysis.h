@@ -32,9 +32,9 @@ public:
   bool isDeclaredIn(const VarDecl *V, const Stmt *Loop) const;
 
   struct Use {
-    bool Escapes = false;     // returned, stored outside the iteration, captured, moved
-    bool Written = false;     // written in place (or may be, by a call we cannot see)
-    bool Reassigned = false;  // the handle itself is rebound in the loop
+    bool Escapes = false;    // returned, stored outside the iteration, captured, moved
+    bool Written = false;    // written in place (or may be, by a call we cannot see)
+    bool Reassigned = false; // the handle itself is rebound in the loop
   };
   /// How the value of V (declared in Loop) and its in-loop aliases are used in Loop.
   Use usesOf(const VarDecl *V, const Stmt *Loop);
@@ -76,10 +76,10 @@ private:
   ASTContext &Ctx;
   const FunctionDecl *FD;
   llvm::DenseMap<const VarDecl *, const VarDecl *> Parent;
-  llvm::DenseSet<const VarDecl *> Foreign;     // by class root, after prepare
-  llvm::DenseSet<const VarDecl *> ForeignVars; // before roots are known
+  llvm::DenseSet<const VarDecl *> Foreign;       // by class root, after prepare
+  llvm::DenseSet<const VarDecl *> ForeignVars;   // before roots are known
   llvm::DenseSet<const VarDecl *> CallerDerived; // handles made from the caller's tensors
-  llvm::DenseSet<const VarDecl *> Pinned;      // address taken, captured by reference
+  llvm::DenseSet<const VarDecl *> Pinned;        // address taken, captured by reference
   llvm::DenseMap<const Stmt *, std::unique_ptr<LoopFacts>> Loops;
 };
 

@@ -12,7 +12,8 @@ class TensorCheck : public ClangTidyCheck {
 public:
   TensorCheck(StringRef Name, ClangTidyContext *Context)
       : ClangTidyCheck(Name, Context),
-        TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)), Model(TensorTypes) {}
+        TensorTypes(Options.get("TensorTypes", TensorModel::DefaultTensorTypes)),
+        Model(TensorTypes) {}
 
   void storeOptions(ClangTidyOptions::OptionMap &Opts) override {
     Options.store(Opts, "TensorTypes", TensorTypes);

@@ -2,11 +2,11 @@
 // to storage (from the runtime's op table, tt/ops.def).
 #pragma once
 
+#include "tt/op_semantics.h"
 #include "clang/AST/Expr.h"
 #include "clang/AST/Type.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
-#include "tt/op_semantics.h"
 
 #include <string>
 
