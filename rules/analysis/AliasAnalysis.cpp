@@ -280,7 +280,7 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
       // dims): not an alias.
       bool AllPermuted =
           !From.empty() && llvm::all_of(From, [&](unsigned N) { return Nodes[N].Permuted; });
-      if (forcesCopy(Call) || (AllPermuted && Op->name == "contiguous"))
+      if (forcesCopy(Call) || (AllPermuted && Op->name == "contiguous") || AA.copies(Call))
         return fresh(E);
       return derived(E, EdgeKind::MayAlias, From, E);
     }

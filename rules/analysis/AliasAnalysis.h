@@ -18,6 +18,7 @@
 #include "clang/AST/Stmt.h"
 #include "llvm/ADT/DenseMap.h"
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -94,6 +95,12 @@ public:
 
   ASTContext &context() const { return Ctx; }
 
+  /// Whether a may-alias op call (`to`, `contiguous`...) copies, from the
+  /// facts at the call (the AnalysisManager answers from the layout facts).
+  /// Without one, a may-alias op is taken as an alias.
+  void setCopiesOracle(std::function<bool(const CallExpr *)> F) { Copies = std::move(F); }
+  bool copies(const CallExpr *Call) const { return Copies && Copies(Call); }
+
 private:
   struct Cached {
     std::unique_ptr<FunctionAliasResult> Result;
@@ -104,6 +111,7 @@ private:
 
   const TensorModel &Model;
   ASTContext &Ctx;
+  std::function<bool(const CallExpr *)> Copies;
   llvm::DenseMap<const FunctionDecl *, Cached> Cache;
   llvm::DenseMap<const FunctionDecl *, bool> InProgress;
 };

@@ -7,7 +7,14 @@
 namespace clang::tidy::tensor {
 
 AnalysisManager::AnalysisManager(const TensorModel &Model, ASTContext &Ctx)
-    : Model(Model), Ctx(Ctx), Alias(Model, Ctx) {}
+    : Model(Model), Ctx(Ctx), Alias(Model, Ctx) {
+  // `to(kFloat)` of a uint8 tensor copies: no alias (the defaults included).
+  Alias.setCopiesOracle([this](const CallExpr *Call) {
+    const LayoutAnalysis *L = layoutAt(Call);
+    const ConversionQuery *Q = L ? L->conversionOf(Call) : nullptr;
+    return Q && Q->Result == ConversionQuery::Copies;
+  });
+}
 
 namespace {
 struct Instance {

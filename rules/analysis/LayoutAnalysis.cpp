@@ -6,6 +6,8 @@
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
+#include "clang/AST/ParentMapContext.h"
+#include "clang/Basic/SourceManager.h"
 #include "clang/Lex/Lexer.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSwitch.h"
@@ -564,6 +566,8 @@ void LayoutAnalysis::Impl::transfer(const Stmt *St, State &S) {
     }
     return;
   }
+  if (const auto *E = dyn_cast<Expr>(St); E && E->getBeginLoc().isMacroID())
+    assertionFacts(E, S);
   if (const auto *BO = dyn_cast<BinaryOperator>(St)) {
     const VarDecl *V = BO->isAssignmentOp() ? varOf(BO->getLHS()) : nullptr;
     if (!V || !V->getType()->isIntegerType() || Untracked.count(V))
@@ -584,6 +588,87 @@ void LayoutAnalysis::Impl::transfer(const Stmt *St, State &S) {
   }
   if (const auto *Call = dyn_cast<CallExpr>(St))
     transferCall(Call, S);
+}
+
+// The tensor variable `x` of `x.name()` (looking through implicit nodes).
+static const VarDecl *queriedVar(const Expr *E, llvm::StringRef &Name) {
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(E->IgnoreParenImpCasts());
+  if (!MC || !MC->getMethodDecl() || !MC->getMethodDecl()->getIdentifier())
+    return nullptr;
+  Name = MC->getMethodDecl()->getName();
+  return varOf(MC->getImplicitObjectArgument());
+}
+
+// E is a condition of an assertion macro (TORCH_CHECK, TORCH_INTERNAL_ASSERT,
+// AT_ASSERT, assert) that must hold for the code after it to run: its own
+// argument, or a conjunct of it, not negated by the user.
+bool LayoutAnalysis::Impl::isAsserted(const Expr *E) const {
+  const SourceManager &SM = Ctx.getSourceManager();
+  SourceLocation L = E->getBeginLoc();
+  if (!L.isMacroID() || !SM.isMacroArgExpansion(L))
+    return false;
+  Token Tok;
+  if (Lexer::getRawToken(SM.getExpansionLoc(L), Tok, SM, Ctx.getLangOpts()) ||
+      !Tok.is(tok::raw_identifier) ||
+      !llvm::is_contained(
+          {"TORCH_CHECK", "TORCH_INTERNAL_ASSERT", "AT_ASSERT", "AT_ASSERTM", "assert"},
+          Tok.getRawIdentifier()))
+    return false;
+  // Up to the macro's own code: only parentheses, casts and && in between.
+  const Stmt *Cur = E;
+  for (int I = 0; I < 16; ++I) {
+    DynTypedNodeList Ps = Ctx.getParents(*Cur);
+    const auto *P = Ps.empty() ? nullptr : Ps[0].get<Expr>();
+    // The user's condition is spelled in the user's file, the macro's code
+    // in its header.
+    if (!P ||
+        SM.getFileID(SM.getSpellingLoc(P->getBeginLoc())) != SM.getFileID(SM.getSpellingLoc(L)))
+      return true; // reached the macro's code
+    const auto *BO = dyn_cast<BinaryOperator>(P);
+    if (!isa<ParenExpr, ImplicitCastExpr, ExprWithCleanups>(P) &&
+        !(BO && BO->getOpcode() == BO_LAnd))
+      return false;
+    Cur = P;
+  }
+  return false;
+}
+
+// Facts an assertion establishes: the dtype of `x.scalar_type() == kX`,
+// `x.is_contiguous()`, `x.is_cuda()`.
+void LayoutAnalysis::Impl::assertionFacts(const Expr *E, State &S) {
+  llvm::StringRef Name;
+  const VarDecl *V = nullptr;
+  DTypeName DT;
+  if (const auto *BO = dyn_cast<BinaryOperator>(E); BO && BO->getOpcode() == BO_EQ) {
+    V = queriedVar(BO->getLHS(), Name);
+    DT = dtypeIn(BO->getRHS());
+    if (!V) {
+      V = queriedVar(BO->getRHS(), Name);
+      DT = dtypeIn(BO->getLHS());
+    }
+    if (Name != "scalar_type" && Name != "dtype")
+      return;
+  } else {
+    V = queriedVar(E, Name);
+  }
+  if (!V || !Model.isTensorType(V->getType()) || Untracked.count(V) || !isAsserted(E))
+    return;
+  TensorFact F = evalVar(V, nullptr, S);
+  if (DT.Size) {
+    F.DType = DT.Name;
+    F.ElemSize = DT.Size;
+    F.DTypeAssumed = false;
+  } else if (Name == "is_contiguous" && F.Contig != TensorFact::Yes) {
+    F.Contig = TensorFact::Yes;
+    F.Assumed = false;
+    F.Origin.clear();
+  } else if (Name == "is_cuda") {
+    F.Device = TensorFact::Accelerator;
+    F.DeviceAssumed = false;
+  } else {
+    return;
+  }
+  S.T[V] = F;
 }
 
 void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {

@@ -164,6 +164,8 @@ public:
   TensorFact elementwise(const OpCall &C);
   void prescan(const Stmt *St);
   void assignTensor(const VarDecl *V, const Expr *Init, State &S);
+  bool isAsserted(const Expr *E) const;
+  void assertionFacts(const Expr *E, State &S);
   void transferCall(const CallExpr *Call, State &S);
   void forgetWrittenArgs(const CallExpr *Call, State &S);
 };

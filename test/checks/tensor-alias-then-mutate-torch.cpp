@@ -92,3 +92,18 @@ void metadataReadsOnly() {
   std::cout << a.sizes() << a.dtype() << std::endl;
   std::cout << b << std::endl;
 }
+
+// dtype facts: an assertion shows the dtype; without one, inputs are float32.
+torch::Tensor frameToInput(const torch::Tensor &frame_u8) {
+  TORCH_CHECK(frame_u8.scalar_type() == torch::kByte, "expected a uint8 frame");
+  auto f = frame_u8.permute({2, 0, 1}).to(torch::kFloat); // uint8 -> float32: a copy
+  f.div_(255.0);
+  return f;
+}
+
+torch::Tensor scaleInput(const torch::Tensor &frame) {
+  auto f = frame.to(torch::kFloat); // a float32 input: f is frame itself
+  f.div_(255.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'div_' on 'f' may also change 'frame': 'to' returns its input, not a copy, when it can
+  return f;
+}

@@ -58,3 +58,13 @@ float noCopies(int64_t n, int64_t d, torch::Device device, const std::vector<tor
   }
   return total;
 }
+
+// An assertion shows the device.
+float hostCopies(const torch::Tensor &x, int n) {
+  TORCH_CHECK(x.is_cuda(), "expected a CUDA tensor");
+  float total = 0;
+  for (int i = 0; i < n; ++i)
+    total += x.cpu().sum().item<float>();
+  // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'cpu' of loop-invariant 'x' copies it to another device again on every iteration (a synchronising transfer); hoist it out of the loop
+  return total;
+}
