@@ -179,6 +179,9 @@ private:
   NodeSet fresh(const void *Key) { return {nodeFor(Key)}; }
 
   NodeSet valueNodes(const Expr *E, const State &S);
+  NodeSet namedNodes(const Expr *E, const State &S);
+  NodeSet callNodes(const CallExpr *Call, const State &S);
+  NodeSet opNodes(const CallExpr *Call, const sem::OpInfo &Op, const State &S);
   NodeSet copyOf(const Expr *E, const void *Key, const State &S);
   const FunctionSummary *calleeSummary(const CallExpr *Call) const;
   void markEscaped(const NodeSet &NS, const ValueDecl *D, const Stmt *Site) {
@@ -194,6 +197,19 @@ private:
   void summarise(FunctionSummary &Summary);
   void recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via, const State &S,
                    unsigned Block, unsigned Index, FunctionAliasResult &R, FunctionSummary &Sum);
+  // A node reached from the written one: whether the path crossed an alias
+  // (A) or a detach (D), and the first such edge (FA, FD).
+  struct Reach {
+    unsigned N;
+    bool A, D;
+    AliasEdge FA, FD;
+  };
+  void findRoot(WriteEvent &W) const;
+  void buildChildren();
+  void walkDerivations(unsigned Start, FunctionSummary &Sum, std::vector<uint8_t> &Seen,
+                       std::vector<Reach> &Reached);
+  void collectAffected(WriteEvent &W, const State &S, unsigned Block, unsigned Index,
+                       const std::vector<uint8_t> &Seen, const std::vector<Reach> &Reached);
   const Stmt *laterRead(const VarDecl *V, unsigned Block, unsigned Index) const;
   void collectNonReads();
 
@@ -224,6 +240,15 @@ const FunctionSummary *FunctionAnalyzer::calleeSummary(const CallExpr *Call) con
 
 NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
   E = stripHandle(E);
+  if (isa<DeclRefExpr, MemberExpr>(E))
+    return namedNodes(E, S);
+  if (const auto *Call = dyn_cast<CallExpr>(E))
+    return callNodes(Call, S);
+  return fresh(E);
+}
+
+// A variable or member named by E.
+NodeSet FunctionAnalyzer::namedNodes(const Expr *E, const State &S) {
   if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
     const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
     if (!VD || !M.isTensorType(VD->getType()))
@@ -236,16 +261,15 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
       return {extNode(VD, Exposure::Global)};
     return {extNode(VD, Exposure::Captured)};
   }
-  if (const auto *ME = dyn_cast<MemberExpr>(E)) {
-    if (const auto *Field = dyn_cast<FieldDecl>(ME->getMemberDecl()))
-      return {extNode(Field, Exposure::Member)};
-    if (const auto *VD = dyn_cast<VarDecl>(ME->getMemberDecl()))
-      return {extNode(VD, Exposure::Global)};
-    return fresh(E);
-  }
-  const auto *Call = dyn_cast<CallExpr>(E);
-  if (!Call)
-    return fresh(E);
+  const auto *ME = cast<MemberExpr>(E);
+  if (const auto *Field = dyn_cast<FieldDecl>(ME->getMemberDecl()))
+    return {extNode(Field, Exposure::Member)};
+  if (const auto *VD = dyn_cast<VarDecl>(ME->getMemberDecl()))
+    return {extNode(VD, Exposure::Global)};
+  return fresh(E);
+}
+
+NodeSet FunctionAnalyzer::callNodes(const CallExpr *Call, const State &S) {
   if (isStdMoveLike(Call))
     return valueNodes(Call->getArg(0), S);
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
@@ -261,54 +285,58 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
     // Integer indexing is a view; indexing with a tensor copies.
     if (OC->getOperator() == OO_Subscript && OC->getNumArgs() == 2 &&
         M.isTensorExpr(OC->getArg(0)) && !M.isTensorExpr(OC->getArg(1)))
-      return derived(E, EdgeKind::View, valueNodes(OC->getArg(0), S), E);
-    return fresh(E);
+      return derived(Call, EdgeKind::View, valueNodes(OC->getArg(0), S), Call);
+    return fresh(Call);
   }
-  if (const sem::OpInfo *Op = M.opOf(Call)) {
-    const Expr *Self = TensorModel::selfOf(Call);
-    if (!Self)
-      Self = Call->getArg(0);
-    switch (Op->storage) {
-    case sem::Storage::View: {
-      NodeSet NS = derived(E, EdgeKind::View, valueNodes(Self, S), E);
-      Nodes[NS[0]].Permuted = Op->layout == sem::Layout::Permuted;
-      return NS;
-    }
-    case sem::Storage::MayAlias: {
-      NodeSet From = valueNodes(Self, S);
-      // contiguous() of a transposed/permuted tensor copies (barring size-1
-      // dims): not an alias.
-      bool AllPermuted =
-          !From.empty() && llvm::all_of(From, [&](unsigned N) { return Nodes[N].Permuted; });
-      if (forcesCopy(Call) || (AllPermuted && Op->name == "contiguous") || AA.copies(Call))
-        return fresh(E);
-      return derived(E, EdgeKind::MayAlias, From, E);
-    }
-    case sem::Storage::Detach:
-      return derived(E, Op->name == "detach" ? EdgeKind::Detach : EdgeKind::Data,
-                     valueNodes(Self, S), E);
-    case sem::Storage::Factory: {
-      NodeSet NS = fresh(E);
-      Nodes[NS[0]].RequiresGrad = hasGradOption(Call);
-      return NS;
-    }
-    default:
-      return fresh(E);
-    }
-  }
+  if (const sem::OpInfo *Op = M.opOf(Call))
+    return opNodes(Call, *Op, S);
   if (!M.opOf(Call) && Call->getDirectCallee() && Call->getDirectCallee()->getIdentifier() &&
       sem::lookup(Call->getDirectCallee()->getName()) &&
       sem::lookup(Call->getDirectCallee()->getName())->storage == sem::Storage::Factory) {
-    NodeSet NS = fresh(E); // tt::ones({3}, ...): no tensor argument
+    NodeSet NS = fresh(Call); // tt::ones({3}, ...): no tensor argument
     Nodes[NS[0]].RequiresGrad = hasGradOption(Call);
     return NS;
   }
   if (const FunctionSummary *Sum = calleeSummary(Call)) {
     llvm::ArrayRef<const Expr *> Args = callArgs(Call);
     if (Sum->ReturnsParam >= 0 && unsigned(Sum->ReturnsParam) < Args.size())
-      return derived(E, Sum->ReturnKind, valueNodes(Args[Sum->ReturnsParam], S), E);
+      return derived(Call, Sum->ReturnKind, valueNodes(Args[Sum->ReturnsParam], S), Call);
   }
-  return fresh(E);
+  return fresh(Call);
+}
+
+// A call of a tabled op, by its storage behaviour.
+NodeSet FunctionAnalyzer::opNodes(const CallExpr *Call, const sem::OpInfo &Op, const State &S) {
+  const Expr *Self = TensorModel::selfOf(Call);
+  if (!Self)
+    Self = Call->getArg(0);
+  switch (Op.storage) {
+  case sem::Storage::View: {
+    NodeSet NS = derived(Call, EdgeKind::View, valueNodes(Self, S), Call);
+    Nodes[NS[0]].Permuted = Op.layout == sem::Layout::Permuted;
+    return NS;
+  }
+  case sem::Storage::MayAlias: {
+    NodeSet From = valueNodes(Self, S);
+    // contiguous() of a transposed/permuted tensor copies (barring size-1
+    // dims): not an alias.
+    bool AllPermuted =
+        !From.empty() && llvm::all_of(From, [&](unsigned N) { return Nodes[N].Permuted; });
+    if (forcesCopy(Call) || (AllPermuted && Op.name == "contiguous"))
+      return fresh(Call);
+    return derived(Call, EdgeKind::MayAlias, From, Call);
+  }
+  case sem::Storage::Detach:
+    return derived(Call, Op.name == "detach" ? EdgeKind::Detach : EdgeKind::Data,
+                   valueNodes(Self, S), Call);
+  case sem::Storage::Factory: {
+    NodeSet NS = fresh(Call);
+    Nodes[NS[0]].RequiresGrad = hasGradOption(Call);
+    return NS;
+  }
+  default:
+    return fresh(Call);
+  }
 }
 
 NodeSet FunctionAnalyzer::copyOf(const Expr *E, const void *Key, const State &S) {
@@ -464,15 +492,9 @@ const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsign
   return nullptr;
 }
 
-void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via,
-                                   const State &S, unsigned Block, unsigned Index,
-                                   FunctionAliasResult &R, FunctionSummary &Sum) {
-  WriteEvent W;
-  W.Write = Write;
-  W.Target = Target;
-  W.Via = Via;
-  // Explicit views of a handle write that handle: find the root.
-  const Expr *Root = stripHandle(Target);
+// Explicit views of a handle write that handle: the written root.
+void FunctionAnalyzer::findRoot(WriteEvent &W) const {
+  const Expr *Root = stripHandle(W.Target);
   while (const auto *Call = dyn_cast<CallExpr>(Root)) {
     const Expr *Self = nullptr;
     if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
@@ -499,44 +521,42 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
   } else if (const auto *ME = dyn_cast<MemberExpr>(Root)) {
     W.RootDecl = ME->getMemberDecl();
   }
-  W.Direct = W.RootDecl && Root == stripHandle(Target);
+  W.Direct = W.RootDecl && Root == stripHandle(W.Target);
+}
 
-  NodeSet Start = valueNodes(Target, S);
-  if (Start.size() != 1)
+// Children lists, rebuilt when nodes were added since.
+void FunctionAnalyzer::buildChildren() {
+  if (ChildBegin.size() == Nodes.size() + 1)
     return;
-  // Children lists, rebuilt when nodes were added since.
-  if (ChildBegin.size() != Nodes.size() + 1) {
-    ChildBegin.assign(Nodes.size() + 1, 0);
-    for (const Node &N : Nodes)
-      for (const AliasEdge &E : N.Parents)
-        ++ChildBegin[E.Parent + 1];
-    for (unsigned I = 1; I < ChildBegin.size(); ++I)
-      ChildBegin[I] += ChildBegin[I - 1];
-    Children.assign(ChildBegin.back(), {0, 0});
-    std::vector<unsigned> Fill(ChildBegin.begin(), ChildBegin.end() - 1);
-    for (unsigned C = 0; C < Nodes.size(); ++C)
-      for (unsigned EI = 0; EI < Nodes[C].Parents.size(); ++EI)
-        Children[Fill[Nodes[C].Parents[EI].Parent]++] = {C, EI};
-  }
+  ChildBegin.assign(Nodes.size() + 1, 0);
+  for (const Node &N : Nodes)
+    for (const AliasEdge &E : N.Parents)
+      ++ChildBegin[E.Parent + 1];
+  for (unsigned I = 1; I < ChildBegin.size(); ++I)
+    ChildBegin[I] += ChildBegin[I - 1];
+  Children.assign(ChildBegin.back(), {0, 0});
+  std::vector<unsigned> Fill(ChildBegin.begin(), ChildBegin.end() - 1);
+  for (unsigned C = 0; C < Nodes.size(); ++C)
+    for (unsigned EI = 0; EI < Nodes[C].Parents.size(); ++EI)
+      Children[Fill[Nodes[C].Parents[EI].Parent]++] = {C, EI};
+}
 
-  struct Item {
-    unsigned N;
-    bool A, D;
-    AliasEdge FA, FD;
-  };
-  // Visited per node and flag combination (alias crossed, detach crossed).
-  std::vector<uint8_t> Seen(Nodes.size(), 0);
-  std::vector<Item> Reached;
-  std::deque<Item> Work;
-  auto Push = [&](Item I) {
+// Every node sharing storage with Start, per flag combination; Seen gets a
+// bit per combination reached, Reached the items that crossed an alias or a
+// detach.
+void FunctionAnalyzer::walkDerivations(unsigned Start, FunctionSummary &Sum,
+                                       std::vector<uint8_t> &Seen, std::vector<Reach> &Reached) {
+  Seen.assign(Nodes.size(), 0);
+  std::deque<Reach> Work;
+  auto Push = [&](Reach I) {
     uint8_t Bit = 1u << ((I.A ? 1 : 0) | (I.D ? 2 : 0));
     if (Seen[I.N] & Bit)
       return;
     Seen[I.N] |= Bit;
     Work.push_back(I);
   };
-  Push({Start[0], false, false, {}, {}});
-  auto Cross = [](Item I, unsigned To, const AliasEdge &E) {
+  Push({Start, false, false, {}, {}});
+  auto Cross = [](Reach I, unsigned To, const AliasEdge &E) {
     I.N = To;
     if (E.Kind == EdgeKind::Copy || E.Kind == EdgeKind::MayAlias) {
       if (!I.A)
@@ -550,7 +570,7 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
     return I;
   };
   while (!Work.empty()) {
-    Item I = Work.front();
+    Reach I = Work.front();
     Work.pop_front();
     if (Nodes[I.N].ParamIndex >= 0)
       Sum.MutatesParam[Nodes[I.N].ParamIndex] = true;
@@ -566,23 +586,25 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
       Push(Cross(I, C, E));
     }
   }
-  if (Reached.empty())
-    return;
+}
 
+void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned Block,
+                                       unsigned Index, const std::vector<uint8_t> &Seen,
+                                       const std::vector<Reach> &Reached) {
   // A node also reached by a plainer path (explicit views only, or a handle
   // copy without a detach) counts by that path: it is intended there.
   auto Plainer = [&](unsigned N, bool WantDetach) {
     return (Seen[N] & 1) || (WantDetach && (Seen[N] & 2));
   };
-  auto Find = [&](unsigned N, bool WantDetach) -> const Item * {
+  auto Find = [&](unsigned N, bool WantDetach) -> const Reach * {
     if (Plainer(N, WantDetach))
       return nullptr;
-    for (const Item &I : Reached)
+    for (const Reach &I : Reached)
       if (I.N == N && I.D == WantDetach && (I.A || I.D))
         return &I;
     return nullptr;
   };
-  auto Add = [&](const ValueDecl *D, Exposure Why, const Stmt *Where, const Item &I) {
+  auto Add = [&](const ValueDecl *D, Exposure Why, const Stmt *Where, const Reach &I) {
     for (const AffectedHandle &A : W.Affected)
       if (A.Decl == D && A.CrossedDetach == I.D)
         return;
@@ -596,15 +618,15 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
     A.FirstDetach = I.FD;
     W.Affected.push_back(A);
   };
-  // Local handles that certainly hold an affected node and are read later.
   for (bool WantDetach : {false, true}) {
+    // Local handles that certainly hold an affected node and are read later.
     for (const auto &[V, NS] : S) {
       if (NS.empty() || V == W.RootDecl)
         continue;
-      const Item *First = nullptr;
+      const Reach *First = nullptr;
       bool All = true;
       for (unsigned N : NS) {
-        const Item *I = Find(N, WantDetach);
+        const Reach *I = Find(N, WantDetach);
         if (!I) {
           All = false;
           break;
@@ -618,7 +640,7 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
         Add(V, Exposure::ReadLater, Read, *First);
     }
     // Storage owned outside this function.
-    for (const Item &I : Reached) {
+    for (const Reach &I : Reached) {
       if (I.D != WantDetach || Plainer(I.N, WantDetach))
         continue;
       const Node &N = Nodes[I.N];
@@ -634,6 +656,26 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
           }
     }
   }
+}
+
+void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via,
+                                   const State &S, unsigned Block, unsigned Index,
+                                   FunctionAliasResult &R, FunctionSummary &Sum) {
+  WriteEvent W;
+  W.Write = Write;
+  W.Target = Target;
+  W.Via = Via;
+  findRoot(W);
+  NodeSet Start = valueNodes(Target, S);
+  if (Start.size() != 1)
+    return;
+  buildChildren();
+  std::vector<uint8_t> Seen;
+  std::vector<Reach> Reached;
+  walkDerivations(Start[0], Sum, Seen, Reached);
+  if (Reached.empty())
+    return;
+  collectAffected(W, S, Block, Index, Seen, Reached);
   R.Writes.push_back(std::move(W));
 }
 

@@ -196,9 +196,12 @@ void LoopAnalysis::basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *>
       basesOf(BO->getLHS(), Out);
     return;
   }
-  const auto *C = dyn_cast<CallExpr>(E);
-  if (!C)
-    return;
+  if (const auto *C = dyn_cast<CallExpr>(E))
+    callBasesOf(C, Out);
+}
+
+void LoopAnalysis::callBasesOf(const CallExpr *C,
+                               llvm::SmallVectorImpl<const VarDecl *> &Out) const {
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
     switch (OC->getOperator()) {
     case OO_Subscript:
@@ -215,7 +218,7 @@ void LoopAnalysis::basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *>
       basesOf(OC->getArg(0), Out);
       return;
     default:
-      if (Model.isTensorExpr(E))
+      if (Model.isTensorExpr(C))
         return; // math operators allocate
       break;
     }
@@ -234,8 +237,8 @@ void LoopAnalysis::basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *>
     // A tensor method outside the table, or an accessor returning a handle
     // or reference into its object (`vec.back()`, `model->weight()`).
     if (isInPlaceCall(C) || !Model.isTensorExpr(MC->getImplicitObjectArgument()))
-      if (E->getType()->isReferenceType() || C->getCallReturnType(Ctx)->isReferenceType() ||
-          Model.isTensorExpr(E))
+      if (C->getType()->isReferenceType() || C->getCallReturnType(Ctx)->isReferenceType() ||
+          Model.isTensorExpr(C))
         basesOf(MC->getImplicitObjectArgument(), Out);
     return;
   }
@@ -540,50 +543,10 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
       E->getType()->isIntegralOrEnumerationType() && E->isEvaluatable(Ctx))
     return true;
   const LoopFacts &F = factsOf(Loop);
-  if (const auto *D = dyn_cast<DeclRefExpr>(E)) {
-    const ValueDecl *VD = D->getDecl();
-    // A structured binding (`auto [a, logp] = policy(obs);`) is a part of
-    // its decomposed variable: it varies when that does.
-    if (const auto *BD = dyn_cast<BindingDecl>(VD))
-      VD = BD->getDecomposedDecl();
-    const auto *V = dyn_cast_or_null<VarDecl>(VD);
-    if (!V)
-      return VD != nullptr; // functions, enumerators
-    if (V->getType().isConstQualified() && !Model.isTensorType(V->getType()) &&
-        !V->getType()->isReferenceType() && (V->hasGlobalStorage() || V->isConstexpr()))
-      return true;
-    if (Pinned.count(V) || classWritten(V, F))
-      return false;
-    if (isDeclaredIn(V, Loop)) {
-      if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop); RF && RF->getLoopVariable() == V)
-        return false;
-      return V->getInit() && !V->isStaticLocal() && isInvariant(V->getInit(), Loop, Depth + 1);
-    }
-    if (V->hasGlobalStorage() && !V->getType().isConstQualified())
-      return false;
-    // Storage reachable from outside (a container of tensors, a module, a
-    // handle aliasing a member): an opaque call (opt.step()) may write it.
-    // A tensor the caller passed in is taken as the caller's data, which an
-    // opaque call is not given (Note [Opaque calls] in docs/design.md).
-    bool CallerTensor = isCallerTensor(V);
-    if (F.Opaque && !CallerTensor && (Foreign.count(root(V)) || isa<ParmVarDecl>(V)) &&
-        mayHoldTensors(V->getType()))
-      return false;
-    return true;
-  }
-  if (const auto *ME = dyn_cast<MemberExpr>(E)) {
-    const auto *Fl = dyn_cast<FieldDecl>(ME->getMemberDecl());
-    if (!Fl || F.WrittenFields.count(Fl))
-      return false;
-    if (Model.isTensorType(Fl->getType()) && F.Opaque)
-      return false;
-    const Expr *Base = ME->getBase()->IgnoreParenImpCasts();
-    if (isa<CXXThisExpr>(Base))
-      return !F.ThisMutated;
-    if (ME->isArrow())
-      return false;
-    return isInvariant(Base, Loop, Depth + 1);
-  }
+  if (const auto *D = dyn_cast<DeclRefExpr>(E))
+    return isInvariantVar(D, Loop, F, Depth);
+  if (const auto *ME = dyn_cast<MemberExpr>(E))
+    return isInvariantMember(ME, Loop, F, Depth);
   if (const auto *UO = dyn_cast<UnaryOperator>(E))
     return !UO->isIncrementDecrementOp() && isInvariant(UO->getSubExpr(), Loop, Depth + 1);
   if (const auto *BO = dyn_cast<BinaryOperator>(E))
@@ -599,9 +562,60 @@ bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) 
     return !Model.isTensorExpr(CE) && llvm::all_of(CE->arguments(), [&](const Expr *A) {
       return isInvariant(A, Loop, Depth + 1);
     });
-  const auto *C = dyn_cast<CallExpr>(E);
-  if (!C)
+  if (const auto *C = dyn_cast<CallExpr>(E))
+    return isInvariantCall(C, Loop, Depth);
+  return false;
+}
+
+bool LoopAnalysis::isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const LoopFacts &F,
+                                  unsigned Depth) {
+  const ValueDecl *VD = D->getDecl();
+  // A structured binding (`auto [a, logp] = policy(obs);`) is a part of
+  // its decomposed variable: it varies when that does.
+  if (const auto *BD = dyn_cast<BindingDecl>(VD))
+    VD = BD->getDecomposedDecl();
+  const auto *V = dyn_cast_or_null<VarDecl>(VD);
+  if (!V)
+    return VD != nullptr; // functions, enumerators
+  if (V->getType().isConstQualified() && !Model.isTensorType(V->getType()) &&
+      !V->getType()->isReferenceType() && (V->hasGlobalStorage() || V->isConstexpr()))
+    return true;
+  if (Pinned.count(V) || classWritten(V, F))
     return false;
+  if (isDeclaredIn(V, Loop)) {
+    if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop); RF && RF->getLoopVariable() == V)
+      return false;
+    return V->getInit() && !V->isStaticLocal() && isInvariant(V->getInit(), Loop, Depth + 1);
+  }
+  if (V->hasGlobalStorage() && !V->getType().isConstQualified())
+    return false;
+  // Storage reachable from outside (a container of tensors, a module, a
+  // handle aliasing a member): an opaque call (opt.step()) may write it.
+  // A tensor the caller passed in is taken as the caller's data, which an
+  // opaque call is not given (Note [Opaque calls] in docs/design.md).
+  bool CallerTensor = isCallerTensor(V);
+  if (F.Opaque && !CallerTensor && (Foreign.count(root(V)) || isa<ParmVarDecl>(V)) &&
+      mayHoldTensors(V->getType()))
+    return false;
+  return true;
+}
+
+bool LoopAnalysis::isInvariantMember(const MemberExpr *ME, const Stmt *Loop, const LoopFacts &F,
+                                     unsigned Depth) {
+  const auto *Fl = dyn_cast<FieldDecl>(ME->getMemberDecl());
+  if (!Fl || F.WrittenFields.count(Fl))
+    return false;
+  if (Model.isTensorType(Fl->getType()) && F.Opaque)
+    return false;
+  const Expr *Base = ME->getBase()->IgnoreParenImpCasts();
+  if (isa<CXXThisExpr>(Base))
+    return !F.ThisMutated;
+  if (ME->isArrow())
+    return false;
+  return isInvariant(Base, Loop, Depth + 1);
+}
+
+bool LoopAnalysis::isInvariantCall(const CallExpr *C, const Stmt *Loop, unsigned Depth) {
   auto ArgsInvariant = [&] {
     for (const Expr *A : C->arguments())
       if (!isInvariant(A, Loop, Depth + 1))
@@ -653,14 +667,7 @@ void LoopAnalysis::useOfValue(const Expr *E, const Stmt *Loop, Use &U,
       return;
     const DynTypedNode &N = Ps[0];
     if (const auto *V = N.get<VarDecl>()) {
-      if (V->isStaticLocal() || !isDeclaredIn(V, Loop) ||
-          (V->getType()->isReferenceType() &&
-           !V->getType().getNonReferenceType().isConstQualified()))
-        U.Escapes = true;
-      else if (Model.isTensorType(V->getType()))
-        Work.push_back(V);
-      else if (!V->getType()->isReferenceType() && !V->getType()->isArithmeticType())
-        U.Escapes = true; // held by another object (struct, container)
+      useByVariable(V, Loop, U, Work);
       return;
     }
     const auto *P = N.get<Stmt>();
@@ -674,124 +681,140 @@ void LoopAnalysis::useOfValue(const Expr *E, const Stmt *Loop, Use &U,
         return; // a field or a bound member
       P = MC;
     }
-    if (isa<ImplicitCastExpr, ParenExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr,
-            ExprWithCleanups, CXXFunctionalCastExpr>(P)) {
-      Cur = P;
-      continue;
-    }
-    if (const auto *CE = dyn_cast<CXXConstructExpr>(P)) {
-      if ((CE->getNumArgs() == 1 && CE->getConstructor()->isCopyOrMoveConstructor() &&
-           Model.isTensorExpr(CE)) ||
-          isKnownLibrary(CE->getConstructor())) {
-        // A handle copy, or a library wrapper around an argument
-        // (tt::detail::LocatedTensor, at::TensorList...): its consumer decides.
-        Cur = P;
-        continue;
-      }
-      U.Escapes = true; // kept by an object we do not model
+    if (const auto *C = dyn_cast<CallExpr>(P))
+      Cur = climbCall(C, cast<Expr>(Cur), Loop, U, Work);
+    else
+      Cur = climbExpr(P, Cur, U);
+    if (!Cur)
       return;
-    }
-    if (isa<InitListExpr, CXXStdInitializerListExpr>(P)) {
-      Cur = P; // `torch::cat({a, b})` reads; `std::vector<Tensor>{a}` keeps (below)
-      continue;
-    }
-    if (isa<ReturnStmt, CoreturnStmt, CXXThrowExpr, LambdaExpr, ParenListExpr>(P)) {
-      U.Escapes = true;
-      return;
-    }
-    if (const auto *UO = dyn_cast<UnaryOperator>(P)) {
-      if (UO->getOpcode() == UO_AddrOf)
-        U.Escapes = true;
-      return;
-    }
-    if (const auto *CO = dyn_cast<AbstractConditionalOperator>(P)) {
-      if (CO->getCond() != Cur) {
-        Cur = P;
-        continue;
-      }
-      return;
-    }
-    const auto *C = dyn_cast<CallExpr>(P);
-    if (!C)
-      return;
-    const FunctionDecl *Callee = C->getDirectCallee();
-    const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
-    const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
-    bool IsObject = (MC && peel(MC->getImplicitObjectArgument()) == peel(cast<Expr>(Cur))) ||
-                    (OC && OC->getNumArgs() && peel(OC->getArg(0)) == peel(cast<Expr>(Cur)) &&
-                     isa_and_nonnull<CXXMethodDecl>(Callee));
-    if (OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
-      if (peel(OC->getArg(1)) == peel(cast<Expr>(Cur))) {
-        // Stored into the assigned handle.
-        const Expr *L = peel(OC->getArg(0));
-        const auto *D = dyn_cast<DeclRefExpr>(L);
-        const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
-        if (!V || !isDeclaredIn(V, Loop) || V->isStaticLocal())
-          U.Escapes = true;
-        else
-          Work.push_back(V);
-        return;
-      }
-      U.Written = true; // `copy[i] = x` writes it (rvalue assignment into storage)
-      return;
-    }
-    if (IsObject && Model.isTensorExpr(cast<Expr>(Cur))) {
-      if (OC && OC->isAssignmentOp()) {
-        U.Written = true;
-        return;
-      }
-      if (isInPlaceCall(C)) {
-        U.Written = true;
-        Cur = P; // returns self
-        continue;
-      }
-      const sem::OpInfo *Op = tensorOp(Model, C);
-      if (aliasing(Op) || (OC && OC->getOperator() == OO_Subscript)) {
-        Cur = P; // a view of it: follow the view
-        continue;
-      }
-      return; // consumed by a read-only op
-    }
-    if (!Callee) {
-      U.Escapes = true;
-      return;
-    }
-    if (Callee->getIdentifier() && (isStoreName(Callee->getName()) || isStdMoveLike(C))) {
-      U.Escapes = true;
-      return;
-    }
-    // An argument: by rvalue reference it is kept; code we cannot see may
-    // write it in place.
-    for (unsigned I = 0; I < C->getNumArgs(); ++I) {
-      if (peel(C->getArg(I)) != peel(cast<Expr>(Cur)))
-        continue;
-      unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
-      if (I >= Shift && I - Shift < Callee->getNumParams()) {
-        QualType PT = Callee->getParamDecl(I - Shift)->getType();
-        if (PT->isRValueReferenceType())
-          U.Escapes = true;
-        if (PT->isReferenceType() && !PT->getPointeeType().isConstQualified())
-          U.Written = true;
-      }
-    }
-    bool Lib = isKnownLibrary(Callee);
-    for (unsigned I = 0; I < C->getNumArgs(); ++I)
-      if (peel(C->getArg(I)) == peel(cast<Expr>(Cur)) && !Lib) {
-        unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
-        if (I < Shift || mayWriteArg(Callee, I - Shift))
-          U.Written = true;
-      }
-    if (isa<CXXConstructorDecl>(Callee) && !Model.isTensorExpr(C))
-      U.Escapes = true;
-    if (Lib && Model.isTensorExpr(C) && !isInPlaceCall(C)) {
-      const sem::OpInfo *Op = sem::lookup(Callee->getIdentifier() ? Callee->getName() : "");
-      if (aliasing(Op)) {
-        Cur = P;
-        continue;
-      }
-    }
-    return;
   }
+}
+
+// The value initialises V.
+void LoopAnalysis::useByVariable(const VarDecl *V, const Stmt *Loop, Use &U,
+                                 llvm::SmallVectorImpl<const VarDecl *> &Work) {
+  if (V->isStaticLocal() || !isDeclaredIn(V, Loop) ||
+      (V->getType()->isReferenceType() && !V->getType().getNonReferenceType().isConstQualified()))
+    U.Escapes = true;
+  else if (Model.isTensorType(V->getType()))
+    Work.push_back(V);
+  else if (!V->getType()->isReferenceType() && !V->getType()->isArithmeticType())
+    U.Escapes = true; // held by another object (struct, container)
+}
+
+// Cur is used by P, not a call: what to climb to next, or nullptr.
+const Stmt *LoopAnalysis::climbExpr(const Stmt *P, const Stmt *Cur, Use &U) {
+  if (isa<ImplicitCastExpr, ParenExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr,
+          ExprWithCleanups, CXXFunctionalCastExpr>(P))
+    return P;
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(P)) {
+    if ((CE->getNumArgs() == 1 && CE->getConstructor()->isCopyOrMoveConstructor() &&
+         Model.isTensorExpr(CE)) ||
+        isKnownLibrary(CE->getConstructor()))
+      // A handle copy, or a library wrapper around an argument
+      // (tt::detail::LocatedTensor, at::TensorList...): its consumer decides.
+      return P;
+    U.Escapes = true; // kept by an object we do not model
+    return nullptr;
+  }
+  if (isa<InitListExpr, CXXStdInitializerListExpr>(P))
+    return P; // `torch::cat({a, b})` reads; `std::vector<Tensor>{a}` keeps (below)
+  if (isa<ReturnStmt, CoreturnStmt, CXXThrowExpr, LambdaExpr, ParenListExpr>(P)) {
+    U.Escapes = true;
+    return nullptr;
+  }
+  if (const auto *UO = dyn_cast<UnaryOperator>(P)) {
+    if (UO->getOpcode() == UO_AddrOf)
+      U.Escapes = true;
+    return nullptr;
+  }
+  if (const auto *CO = dyn_cast<AbstractConditionalOperator>(P))
+    return CO->getCond() != Cur ? P : nullptr;
+  return nullptr;
+}
+
+// Cur is used by the call C: what to climb to next, or nullptr.
+const Stmt *LoopAnalysis::climbCall(const CallExpr *C, const Expr *Cur, const Stmt *Loop, Use &U,
+                                    llvm::SmallVectorImpl<const VarDecl *> &Work) {
+  const FunctionDecl *Callee = C->getDirectCallee();
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+  const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+  bool IsObject = (MC && peel(MC->getImplicitObjectArgument()) == peel(Cur)) ||
+                  (OC && OC->getNumArgs() && peel(OC->getArg(0)) == peel(Cur) &&
+                   isa_and_nonnull<CXXMethodDecl>(Callee));
+  if (OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
+    if (peel(OC->getArg(1)) == peel(Cur)) {
+      // Stored into the assigned handle.
+      const Expr *L = peel(OC->getArg(0));
+      const auto *D = dyn_cast<DeclRefExpr>(L);
+      const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+      if (!V || !isDeclaredIn(V, Loop) || V->isStaticLocal())
+        U.Escapes = true;
+      else
+        Work.push_back(V);
+      return nullptr;
+    }
+    U.Written = true; // `copy[i] = x` writes it (rvalue assignment into storage)
+    return nullptr;
+  }
+  if (IsObject && Model.isTensorExpr(Cur)) {
+    if (OC && OC->isAssignmentOp()) {
+      U.Written = true;
+      return nullptr;
+    }
+    if (isInPlaceCall(C)) {
+      U.Written = true;
+      return C; // returns self
+    }
+    const sem::OpInfo *Op = tensorOp(Model, C);
+    if (aliasing(Op) || (OC && OC->getOperator() == OO_Subscript))
+      return C;     // a view of it: follow the view
+    return nullptr; // consumed by a read-only op
+  }
+  if (!Callee) {
+    U.Escapes = true;
+    return nullptr;
+  }
+  if (Callee->getIdentifier() && (isStoreName(Callee->getName()) || isStdMoveLike(C))) {
+    U.Escapes = true;
+    return nullptr;
+  }
+  return useAsArgument(C, Callee, Cur, U) ? C : nullptr;
+}
+
+// Cur is an argument of C (a call of Callee, not its object); true when the
+// result is a view of it to follow.
+bool LoopAnalysis::useAsArgument(const CallExpr *C, const FunctionDecl *Callee, const Expr *Cur,
+                                 Use &U) {
+  const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+  // By rvalue reference it is kept; code we cannot see may write it in place.
+  for (unsigned I = 0; I < C->getNumArgs(); ++I) {
+    if (peel(C->getArg(I)) != peel(Cur))
+      continue;
+    unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
+    if (I >= Shift && I - Shift < Callee->getNumParams()) {
+      QualType PT = Callee->getParamDecl(I - Shift)->getType();
+      if (PT->isRValueReferenceType())
+        U.Escapes = true;
+      if (PT->isReferenceType() && !PT->getPointeeType().isConstQualified())
+        U.Written = true;
+    }
+  }
+  bool Lib = isKnownLibrary(Callee);
+  for (unsigned I = 0; I < C->getNumArgs(); ++I)
+    if (peel(C->getArg(I)) == peel(Cur) && !Lib) {
+      unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
+      if (I < Shift || mayWriteArg(Callee, I - Shift))
+        U.Written = true;
+    }
+  if (isa<CXXConstructorDecl>(Callee) && !Model.isTensorExpr(C))
+    U.Escapes = true;
+  if (Lib && Model.isTensorExpr(C) && !isInPlaceCall(C)) {
+    const sem::OpInfo *Op = sem::lookup(Callee->getIdentifier() ? Callee->getName() : "");
+    if (aliasing(Op))
+      return true;
+  }
+  return false;
 }
 
 LoopAnalysis::Use LoopAnalysis::usesOfTemporary(const Expr *E, const Stmt *Loop) {

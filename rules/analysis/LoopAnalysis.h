@@ -56,14 +56,25 @@ private:
   void collect(const Stmt *S, LoopFacts &F);
   void markWritten(const Expr *E, LoopFacts &F);
   bool classWritten(const VarDecl *V, const LoopFacts &F);
+  bool isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const LoopFacts &F, unsigned Depth);
+  bool isInvariantMember(const MemberExpr *ME, const Stmt *Loop, const LoopFacts &F,
+                         unsigned Depth);
+  bool isInvariantCall(const CallExpr *C, const Stmt *Loop, unsigned Depth);
   const VarDecl *root(const VarDecl *V);
   void unite(const VarDecl *A, const VarDecl *B);
+  void callBasesOf(const CallExpr *C, llvm::SmallVectorImpl<const VarDecl *> &Out) const;
   bool rootsForeign(const Expr *E) const;
   bool isCallerTensor(const VarDecl *V) const;
   /// E's storage comes only from the caller's tensors.
   bool fromCallerTensors(const Expr *E) const;
   void useOfValue(const Expr *E, const Stmt *Loop, Use &U,
                   llvm::SmallVectorImpl<const VarDecl *> &Work);
+  void useByVariable(const VarDecl *V, const Stmt *Loop, Use &U,
+                     llvm::SmallVectorImpl<const VarDecl *> &Work);
+  const Stmt *climbExpr(const Stmt *P, const Stmt *Cur, Use &U);
+  const Stmt *climbCall(const CallExpr *C, const Expr *Cur, const Stmt *Loop, Use &U,
+                        llvm::SmallVectorImpl<const VarDecl *> &Work);
+  bool useAsArgument(const CallExpr *C, const FunctionDecl *Callee, const Expr *Cur, Use &U);
   bool isKnownLibrary(const FunctionDecl *FD) const;
   /// A value of type T may reach tensor storage (a tensor, a container or
   /// class holding one, a pointer): c10::Device, TensorOptions, ints cannot.
