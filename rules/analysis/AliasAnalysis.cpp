@@ -322,7 +322,7 @@ NodeSet FunctionAnalyzer::opNodes(const CallExpr *Call, const sem::OpInfo &Op, c
     // dims): not an alias.
     bool AllPermuted =
         !From.empty() && llvm::all_of(From, [&](unsigned N) { return Nodes[N].Permuted; });
-    if (forcesCopy(Call) || (AllPermuted && Op.name == "contiguous"))
+    if (forcesCopy(Call) || (AllPermuted && Op.name == "contiguous") || AA.copies(Call))
       return fresh(Call);
     return derived(Call, EdgeKind::MayAlias, From, Call);
   }
