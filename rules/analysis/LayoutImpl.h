@@ -54,6 +54,7 @@ struct OpCall {
 struct ConversionTarget {
   layout::DTypeName DType;
   TensorFact::DeviceKind Device = TensorFact::AnyDevice;
+  bool Unresolved = false; // a dtype or options the analysis cannot read
 };
 
 /// A new shape argument: its sizes, and which one was -1 (inferred).

@@ -574,10 +574,18 @@ ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
       T.Device = C.Name == "type_as" ? TensorFact::AnyDevice : O.Device;
       continue;
     }
+    DTypeName D = dtypeIn(A);
+    TensorFact::DeviceKind Dev = deviceOf(A);
     if (!T.DType.Size)
-      T.DType = dtypeIn(A);
+      T.DType = D;
     if (T.Device == TensorFact::AnyDevice)
-      T.Device = deviceOf(A);
+      T.Device = Dev;
+    // A dtype or options held in a variable: which conversion is unknown.
+    std::string Ty = A->getType().getAsString();
+    if (!D.Size && Dev == TensorFact::AnyDevice && !isa<CXXDefaultArgExpr>(A) &&
+        (Ty.find("ScalarType") != std::string::npos ||
+         Ty.find("TensorOptions") != std::string::npos || Ty.find("TypeMeta") != std::string::npos))
+      T.Unresolved = true;
   }
   return T;
 }
@@ -599,8 +607,9 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
     ConversionQuery Q;
     Q.Transfer = DevPart == Changes;
     Q.Result = DevPart == Changes || DTypePart == Changes ? ConversionQuery::Copies
-               : DevPart == Keeps && DTypePart == Keeps   ? ConversionQuery::ReturnsSelf
-                                                          : ConversionQuery::Unknown;
+               : DevPart == Keeps && DTypePart == Keeps && !T.Unresolved
+                   ? ConversionQuery::ReturnsSelf
+                   : ConversionQuery::Unknown;
     Q.Assumed =
         (DevPart != Keeps && Self.DeviceAssumed) || (DTypePart != Keeps && Self.DTypeAssumed);
     Conversions[C.Call] = Q;
