@@ -22,6 +22,46 @@ static std::string describeExit(int Status, unsigned TimeoutSec) {
   return "crashed (exit status " + std::to_string(WEXITSTATUS(Status)) + ")";
 }
 
+// In the forked worker: output to a log so that nothing interleaves, a
+// deadline by SIGALRM (its default action ends the worker), the result as
+// JSON for the parent. Never returns.
+[[noreturn]] static void runWorker(llvm::function_ref<TUResult()> Work, const std::string &LogPath,
+                                   const std::string &JsonPath, unsigned TimeoutSec) {
+  int Log = open(LogPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (Log >= 0) {
+    dup2(Log, 1);
+    dup2(Log, 2);
+    close(Log);
+  }
+  if (TimeoutSec)
+    alarm(TimeoutSec);
+  TUResult R = Work();
+  std::error_code EC;
+  llvm::raw_fd_ostream OS(JsonPath, EC);
+  if (EC)
+    _exit(120);
+  OS << toJSON(R);
+  OS.close();
+  _exit(OS.has_error() ? 121 : 0);
+}
+
+// A finished worker's result: its JSON when it exited cleanly, else a crash
+// described from its exit status.
+static TUResult collectResult(int Status, const std::string &JsonPath, unsigned TimeoutSec) {
+  TUResult R;
+  if (WIFEXITED(Status) && WEXITSTATUS(Status) == 0)
+    if (auto Buf = llvm::MemoryBuffer::getFile(JsonPath)) {
+      llvm::Expected<llvm::json::Value> V = llvm::json::parse((*Buf)->getBuffer());
+      if (V && fromJSON(*V, R))
+        return R;
+      if (!V)
+        llvm::consumeError(V.takeError());
+    }
+  R = TUResult();
+  R.Crash = describeExit(Status, TimeoutSec);
+  return R;
+}
+
 std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<size_t> &Pending,
                          llvm::function_ref<TUResult(size_t)> Work,
                          llvm::function_ref<void(size_t, TUResult)> Done) {
@@ -45,25 +85,9 @@ std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<s
       llvm::outs().flush();
       llvm::errs().flush();
       pid_t Pid = fork();
-      if (Pid == 0) {
-        // The worker: its output goes to a log so that nothing interleaves.
-        int Log = open(PathFor(Job, ".log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (Log >= 0) {
-          dup2(Log, 1);
-          dup2(Log, 2);
-          close(Log);
-        }
-        if (TimeoutSec)
-          alarm(TimeoutSec); // SIGALRM's default action ends the worker
-        TUResult R = Work(Job);
-        std::error_code EC;
-        llvm::raw_fd_ostream OS(PathFor(Job, ".json"), EC);
-        if (EC)
-          _exit(120);
-        OS << toJSON(R);
-        OS.close();
-        _exit(OS.has_error() ? 121 : 0);
-      }
+      if (Pid == 0)
+        runWorker([&] { return Work(Job); }, PathFor(Job, ".log"), PathFor(Job, ".json"),
+                  TimeoutSec);
       if (Pid < 0) {
         TUResult R;
         R.Crash = std::string("could not start a worker: ") + strerror(errno);
@@ -87,20 +111,7 @@ std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<s
       continue;
     size_t Job = It->second;
     Running.erase(It);
-    TUResult R;
-    bool Parsed = false;
-    if (WIFEXITED(Status) && WEXITSTATUS(Status) == 0)
-      if (auto Buf = llvm::MemoryBuffer::getFile(PathFor(Job, ".json"))) {
-        llvm::Expected<llvm::json::Value> V = llvm::json::parse((*Buf)->getBuffer());
-        if (V)
-          Parsed = fromJSON(*V, R);
-        else
-          llvm::consumeError(V.takeError());
-      }
-    if (!Parsed) {
-      R = TUResult();
-      R.Crash = describeExit(Status, TimeoutSec);
-    }
+    TUResult R = collectResult(Status, PathFor(Job, ".json"), TimeoutSec);
     llvm::sys::fs::remove(PathFor(Job, ".json"));
     llvm::sys::fs::remove(PathFor(Job, ".log"));
     Done(Job, std::move(R));
