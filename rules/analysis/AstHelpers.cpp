@@ -44,7 +44,7 @@ bool isInNamespace(const Decl *D, llvm::ArrayRef<llvm::StringRef> Names) {
 }
 
 bool isTensorLibraryCode(const Decl *D) {
-  return D->isInStdNamespace() || isInNamespace(D, {"tt", "at", "c10", "torch"});
+  return isInNamespace(D, {"std", "tt", "at", "c10", "torch"});
 }
 
 bool isTensorApi(const FunctionDecl *FD) { return isInNamespace(FD, {"tt", "at", "torch"}); }

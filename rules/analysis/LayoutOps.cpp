@@ -116,10 +116,9 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
     Sz = arangeShape(C.Args, Ctx, Integral);
   } else if (C.Name == "linspace" && C.Args.size() >= 3) {
     Sz = Shape{evalInt(C.Args[2], C.S)};
-  } else if (C.Name != "tensor") {
-    DT = DT.Size ? DT : DTypeName{}; // *_like and others: the dtype is not implied
   }
-  if (!DT.Size && C.Name != "tensor" && !C.Name.ends_with("_like"))
+  // torch::tensor takes its dtype from the data.
+  if (!DT.Size && C.Name != "tensor")
     DT = Integral ? DTypeName{"Long", 8} : DTypeName{"Float", 4};
   F.DType = DT.Name;
   F.ElemSize = DT.Size;

@@ -12,8 +12,6 @@ namespace clang::tidy::tensor {
 
 namespace {
 
-const Expr *peel(const Expr *E) { return stripHandle(E); }
-
 bool isLoop(const Stmt *S) { return isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S); }
 
 // Methods that copy data into a container or keep the argument.
@@ -43,12 +41,6 @@ bool aliasing(const sem::OpInfo *Op) {
                 Op->storage == sem::Storage::Detach || Op->storage == sem::Storage::InPlace);
 }
 
-bool isMetadata(llvm::StringRef N) {
-  return llvm::StringSwitch<bool>(N)
-      .Cases("size", "sizes", "stride", "strides", "dim", "numel", "dtype", "scalar_type", true)
-      .Cases("device", "options", "is_contiguous", "is_cuda", "defined", "requires_grad", true)
-      .Default(false);
-}
 
 bool isInPlaceCall(const CallExpr *C) {
   const FunctionDecl *FD = C->getDirectCallee();
@@ -94,12 +86,12 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
         }
     } else if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S)) {
       if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
-        if (const auto *L = dyn_cast<DeclRefExpr>(peel(OC->getArg(0))))
+        if (const auto *L = dyn_cast<DeclRefExpr>(stripHandle(OC->getArg(0))))
           if (const auto *V = dyn_cast<VarDecl>(L->getDecl()))
             Bind(V, OC->getArg(1));
     } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
       if (UO->getOpcode() == UO_AddrOf)
-        if (const auto *D = dyn_cast<DeclRefExpr>(peel(UO->getSubExpr())))
+        if (const auto *D = dyn_cast<DeclRefExpr>(stripHandle(UO->getSubExpr())))
           if (const auto *V = dyn_cast<VarDecl>(D->getDecl()))
             Pinned.insert(V);
     } else if (const auto *L = dyn_cast<LambdaExpr>(S)) {
@@ -148,24 +140,9 @@ void LoopAnalysis::unite(const VarDecl *A, const VarDecl *B) {
     Parent[RA] = RB;
 }
 
-bool LoopAnalysis::isKnownLibrary(const FunctionDecl *F) const {
-  const DeclContext *DC = F->getDeclContext();
-  while (DC && !DC->isTranslationUnit()) {
-    if (const auto *NS = dyn_cast<NamespaceDecl>(DC)) {
-      if (NS->isStdNamespace())
-        return true;
-      if (NS->getIdentifier() && isa<TranslationUnitDecl>(NS->getParent())) {
-        llvm::StringRef N = NS->getName();
-        return N == "tt" || N == "torch" || N == "at" || N == "c10";
-      }
-    }
-    DC = DC->getParent();
-  }
-  return false;
-}
 
 void LoopAnalysis::basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *> &Out) const {
-  E = peel(E);
+  E = stripHandle(E);
   if (!E)
     return;
   if (const auto *D = dyn_cast<DeclRefExpr>(E)) {
@@ -242,7 +219,7 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
         basesOf(MC->getImplicitObjectArgument(), Out);
     return;
   }
-  if (F && isKnownLibrary(F) && F->getIdentifier() && F->getName() != "move" &&
+  if (F && isTensorLibraryCode(F) && F->getIdentifier() && F->getName() != "move" &&
       F->getName() != "forward" && !F->getReturnType()->isReferenceType())
     return; // library functions allocate their results (torch::cat, tt::matmul...)
   // An unknown function may return (a view of) any tensor it was given.
@@ -252,7 +229,7 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
 }
 
 bool LoopAnalysis::rootsForeign(const Expr *E) const {
-  E = peel(E);
+  E = stripHandle(E);
   if (!E)
     return false;
   if (const auto *D = dyn_cast<DeclRefExpr>(E)) {
@@ -278,7 +255,7 @@ bool LoopAnalysis::rootsForeign(const Expr *E) const {
     return rootsForeign(Self ? Self : (C->getNumArgs() ? C->getArg(0) : nullptr));
   }
   const FunctionDecl *F = C->getDirectCallee();
-  if (F && isKnownLibrary(F) && F->getIdentifier() && F->getName() != "move" &&
+  if (F && isTensorLibraryCode(F) && F->getIdentifier() && F->getName() != "move" &&
       !F->getReturnType()->isReferenceType() && !isa<CXXMethodDecl>(F))
     return false; // torch::zeros, torch::cat...
   return true;
@@ -323,12 +300,12 @@ bool LoopAnalysis::isDeclaredIn(const VarDecl *V, const Stmt *Loop) const {
 }
 
 void LoopAnalysis::markWritten(const Expr *E, LoopFacts &F) {
-  E = peel(E);
+  E = stripHandle(E);
   if (!E)
     return;
   // Fields written through `this` (or a local object).
   for (const Expr *X = E; X;) {
-    X = peel(X);
+    X = stripHandle(X);
     if (const auto *ME = dyn_cast_or_null<MemberExpr>(X)) {
       if (const auto *FDl = dyn_cast<FieldDecl>(ME->getMemberDecl()))
         F.WrittenFields.insert(FDl);
@@ -390,7 +367,7 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
         markWritten(Obj, F);
         if (isa<CXXThisExpr>(Obj->IgnoreParenImpCasts()))
           F.ThisMutated = true;
-        if (!isKnownLibrary(MD) || !MD->getParent()->isInStdNamespace())
+        if (!isTensorLibraryCode(MD) || !MD->getParent()->isInStdNamespace())
           if (!(MD->getParent()->isLambda()))
             F.Opaque = true;
       }
@@ -405,7 +382,7 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
     // handed to code we cannot see may be written in place.
     if (Callee) {
       unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
-      bool Lib = isKnownLibrary(Callee) && !isInPlaceCall(C);
+      bool Lib = isTensorLibraryCode(Callee) && !isInPlaceCall(C);
       for (unsigned I = Shift; I < C->getNumArgs(); ++I) {
         const Expr *A = C->getArg(I);
         QualType PT;
@@ -430,7 +407,7 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
 bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth) const {
   if (!Callee || Depth > 3)
     return true;
-  if (isKnownLibrary(Callee))
+  if (isTensorLibraryCode(Callee))
     return Callee->getIdentifier() && sem::isInPlaceName(Callee->getName()) && I == 0;
   const FunctionDecl *Def = nullptr;
   if (!Callee->hasBody(Def) || !Def || I >= Def->getNumParams())
@@ -464,7 +441,7 @@ bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned 
       if (MC && isInPlaceCall(C) && Touches(MC->getImplicitObjectArgument()))
         Writes = true;
       else if (OC && OC->isAssignmentOp() && OC->getNumArgs() &&
-               !(OC->getOperator() == OO_Equal && isa<DeclRefExpr>(peel(OC->getArg(0)))) &&
+               !(OC->getOperator() == OO_Equal && isa<DeclRefExpr>(stripHandle(OC->getArg(0)))) &&
                Touches(OC->getArg(0)))
         Writes = true; // `t += 1`, `t[0] = x` (rebinding a handle is not a write)
       else if (const FunctionDecl *F = C->getDirectCallee(); !OC || !isa<CXXMethodDecl>(F)) {
@@ -535,7 +512,7 @@ bool LoopAnalysis::classWritten(const VarDecl *V, const LoopFacts &F) {
 bool LoopAnalysis::isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth) {
   if (!E || Depth > 8)
     return false;
-  E = peel(E);
+  E = stripHandle(E);
   if (isa<IntegerLiteral, FloatingLiteral, CXXBoolLiteralExpr, StringLiteral, CharacterLiteral,
           CXXNullPtrLiteralExpr, CXXDefaultArgExpr>(E))
     return true;
@@ -642,12 +619,12 @@ bool LoopAnalysis::isInvariantCall(const CallExpr *C, const Stmt *Loop, unsigned
     const sem::OpInfo *Op = tensorOp(Model, C);
     bool Pure =
         (Op && Op->storage != sem::Storage::InPlace && Op->storage != sem::Storage::Factory) ||
-        (Callee && Callee->getIdentifier() && isMetadata(Callee->getName()));
+        (Callee && Callee->getIdentifier() && TensorModel::isMetadataMethod(Callee->getName()));
     return Pure && isInvariant(MC->getImplicitObjectArgument(), Loop, Depth + 1) && ArgsInvariant();
   }
   // Library value constructors and tensor ops in tt/torch/at (kCUDA,
   // torch::Device("cuda"), torch::matmul(a, b)...), but not random factories.
-  if (Callee && isKnownLibrary(Callee) && !isa<CXXMethodDecl>(Callee) && Callee->getIdentifier()) {
+  if (Callee && isTensorLibraryCode(Callee) && !isa<CXXMethodDecl>(Callee) && Callee->getIdentifier()) {
     llvm::StringRef N = Callee->getName();
     if (N.starts_with("rand") || N == "normal" || N == "bernoulli" || N == "multinomial" ||
         N == "empty" || N == "empty_like")
@@ -710,7 +687,7 @@ const Stmt *LoopAnalysis::climbExpr(const Stmt *P, const Stmt *Cur, Use &U) {
   if (const auto *CE = dyn_cast<CXXConstructExpr>(P)) {
     if ((CE->getNumArgs() == 1 && CE->getConstructor()->isCopyOrMoveConstructor() &&
          Model.isTensorExpr(CE)) ||
-        isKnownLibrary(CE->getConstructor()))
+        isTensorLibraryCode(CE->getConstructor()))
       // A handle copy, or a library wrapper around an argument
       // (tt::detail::LocatedTensor, at::TensorList...): its consumer decides.
       return P;
@@ -739,13 +716,13 @@ const Stmt *LoopAnalysis::climbCall(const CallExpr *C, const Expr *Cur, const St
   const FunctionDecl *Callee = C->getDirectCallee();
   const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
   const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
-  bool IsObject = (MC && peel(MC->getImplicitObjectArgument()) == peel(Cur)) ||
-                  (OC && OC->getNumArgs() && peel(OC->getArg(0)) == peel(Cur) &&
+  bool IsObject = (MC && stripHandle(MC->getImplicitObjectArgument()) == stripHandle(Cur)) ||
+                  (OC && OC->getNumArgs() && stripHandle(OC->getArg(0)) == stripHandle(Cur) &&
                    isa_and_nonnull<CXXMethodDecl>(Callee));
   if (OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
-    if (peel(OC->getArg(1)) == peel(Cur)) {
+    if (stripHandle(OC->getArg(1)) == stripHandle(Cur)) {
       // Stored into the assigned handle.
-      const Expr *L = peel(OC->getArg(0));
+      const Expr *L = stripHandle(OC->getArg(0));
       const auto *D = dyn_cast<DeclRefExpr>(L);
       const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
       if (!V || !isDeclaredIn(V, Loop) || V->isStaticLocal())
@@ -789,7 +766,7 @@ bool LoopAnalysis::useAsArgument(const CallExpr *C, const FunctionDecl *Callee, 
   const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
   // By rvalue reference it is kept; code we cannot see may write it in place.
   for (unsigned I = 0; I < C->getNumArgs(); ++I) {
-    if (peel(C->getArg(I)) != peel(Cur))
+    if (stripHandle(C->getArg(I)) != stripHandle(Cur))
       continue;
     unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
     if (I >= Shift && I - Shift < Callee->getNumParams()) {
@@ -800,9 +777,9 @@ bool LoopAnalysis::useAsArgument(const CallExpr *C, const FunctionDecl *Callee, 
         U.Written = true;
     }
   }
-  bool Lib = isKnownLibrary(Callee);
+  bool Lib = isTensorLibraryCode(Callee);
   for (unsigned I = 0; I < C->getNumArgs(); ++I)
-    if (peel(C->getArg(I)) == peel(Cur) && !Lib) {
+    if (stripHandle(C->getArg(I)) == stripHandle(Cur) && !Lib) {
       unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
       if (I < Shift || mayWriteArg(Callee, I - Shift))
         U.Written = true;
@@ -865,7 +842,7 @@ LoopAnalysis::Use LoopAnalysis::usesOf(const VarDecl *V0, const Stmt *Loop) {
         if (!Ps.empty())
           if (const auto *OC = Ps[0].get<CXXOperatorCallExpr>();
               OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2 &&
-              peel(OC->getArg(0)) == D) {
+              stripHandle(OC->getArg(0)) == D) {
             U.Reassigned = true;
             continue;
           }

@@ -75,7 +75,6 @@ private:
   const Stmt *climbCall(const CallExpr *C, const Expr *Cur, const Stmt *Loop, Use &U,
                         llvm::SmallVectorImpl<const VarDecl *> &Work);
   bool useAsArgument(const CallExpr *C, const FunctionDecl *Callee, const Expr *Cur, Use &U);
-  bool isKnownLibrary(const FunctionDecl *FD) const;
   /// A value of type T may reach tensor storage (a tensor, a container or
   /// class holding one, a pointer): c10::Device, TensorOptions, ints cannot.
   bool mayHoldTensors(QualType T, unsigned Depth = 0) const;
