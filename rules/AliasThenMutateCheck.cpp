@@ -65,11 +65,11 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
     {
       auto D =
           diag(Loc, "%select{in-place '%1'|call to '%1', which writes its argument in place,}0 "
-                    "on '%2' %select{also changes|may also change}3 '%4'%select{, "
+                    "on '%2' %select{also changes|may also change}3 %4%select{, "
                     "which shares its storage: copying a tensor handle does not copy data|: "
                     "'%5' returns its input, not a copy, when it can}3")
           << (W->Via != nullptr) << writeName(*W) << declName(W->RootDecl)
-          << (E.Kind == EdgeKind::MayAlias) << declName(A->Decl) << Op;
+          << (E.Kind == EdgeKind::MayAlias) << changedName(*A, Model) << Op;
       std::optional<llvm::SmallVector<FixItHint, 2>> Fix;
       FixKind Kind = FixKind::OutOfPlace;
       if (PerSite[E.Site] == 1 && isFullStatement(W->Write, FD->getBody()))

@@ -57,11 +57,11 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
     {
       auto D =
           diag(Loc, "%select{in-place '%1'|call to '%1', which writes its argument in place,}0 "
-                    "on '%2' changes '%3' behind autograd's back: %select{'%4()' shares "
+                    "on '%2' changes %3 behind autograd's back: %select{'%4()' shares "
                     "storage and the version counter with its source|'%4()' shares storage "
                     "but not even the version counter, so autograd cannot detect the "
                     "change}5")
-          << (W.Via != nullptr) << writeName(W) << Handle << declName(A->Decl) << Op
+          << (W.Via != nullptr) << writeName(W) << Handle << changedName(*A, Model) << Op
           << (E.Kind == EdgeKind::Data);
       std::optional<FixItHint> Fix = detachCloneFix(E, Ctx);
       if (Fix)

@@ -145,7 +145,7 @@ private:
   }
   const VarDecl *trackedVarOf(const Expr *E) const {
     if (const auto *DRE = dyn_cast<DeclRefExpr>(E->IgnoreParenImpCasts()))
-      if (const auto *VD = dyn_cast<VarDecl>(DRE->getDecl()))
+      if (const VarDecl *VD = handleVar(DRE->getDecl()))
         if (isTracked(VD))
           return resolve(VD);
     return nullptr;
@@ -177,8 +177,17 @@ private:
     return {N};
   }
   NodeSet fresh(const void *Key) { return {nodeFor(Key)}; }
+  // `auto [logp, value] = policy(obs);`: each tuple-like binding is a handle
+  // of its own, tracked through its holding variable.
+  void declareBindings(const DecompositionDecl *DD, State &S) {
+    bool Borrowed = DD->getType()->isReferenceType();
+    for (const BindingDecl *B : DD->bindings())
+      if (const VarDecl *HV = B->getHoldingVar(); isTracked(HV))
+        S[HV] = Borrowed ? NodeSet{extNode(HV, Exposure::External)} : fresh(HV);
+  }
 
   NodeSet valueNodes(const Expr *E, const State &S);
+  const ValueDecl *elementContainer(const Expr *E, Exposure &Why) const;
   NodeSet namedNodes(const Expr *E, const State &S);
   NodeSet callNodes(const CallExpr *Call, const State &S);
   NodeSet opNodes(const CallExpr *Call, const sem::OpInfo &Op, const State &S);
@@ -238,10 +247,53 @@ const FunctionSummary *FunctionAnalyzer::calleeSummary(const CallExpr *Call) con
   return AA.summary(Callee);
 }
 
+// `c[i]`, `c.at(i)`, `c.front()`, `c.back()` of a standard container of
+// tensors: the element is storage the container holds.
+const ValueDecl *FunctionAnalyzer::elementContainer(const Expr *E, Exposure &Why) const {
+  const auto *Call = dyn_cast<CallExpr>(E);
+  if (!Call || !Call->isLValue() || !M.isTensorExpr(Call))
+    return nullptr;
+  const Expr *Obj = nullptr;
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
+    if (OC->getOperator() == OO_Subscript && OC->getNumArgs() == 2)
+      Obj = OC->getArg(0);
+  } else if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call)) {
+    const FunctionDecl *F = MC->getDirectCallee();
+    if (F && F->getIdentifier() && llvm::is_contained({"at", "front", "back"}, F->getName()))
+      Obj = MC->getImplicitObjectArgument();
+  }
+  if (!Obj || M.isTensorExpr(Obj))
+    return nullptr;
+  const auto *RD = Obj->getType().getNonReferenceType()->getAsCXXRecordDecl();
+  if (!RD || !RD->isInStdNamespace())
+    return nullptr;
+  Obj = Obj->IgnoreParenImpCasts();
+  if (const auto *ME = dyn_cast<MemberExpr>(Obj)) {
+    Why = Exposure::Member;
+    return dyn_cast<FieldDecl>(ME->getMemberDecl());
+  }
+  const auto *DRE = dyn_cast<DeclRefExpr>(Obj);
+  const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+  if (!VD || VD->getType()->isPointerType())
+    return nullptr;
+  if (isa<ParmVarDecl>(VD) && VD->getParentFunctionOrMethod() == FD)
+    Why = Exposure::Parameter;
+  else if (VD->hasGlobalStorage())
+    Why = Exposure::Global;
+  else if (VD->getParentFunctionOrMethod() != FD)
+    Why = Exposure::Captured;
+  else
+    return nullptr; // a local container: its later reads are not tracked
+  return VD;
+}
+
 NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
   E = stripHandle(E);
   if (isa<DeclRefExpr, MemberExpr>(E))
     return namedNodes(E, S);
+  Exposure Why;
+  if (const ValueDecl *C = elementContainer(E, Why))
+    return {extNode(C, Why)};
   if (const auto *Call = dyn_cast<CallExpr>(E))
     return callNodes(Call, S);
   return fresh(E);
@@ -250,7 +302,7 @@ NodeSet FunctionAnalyzer::valueNodes(const Expr *E, const State &S) {
 // A variable or member named by E.
 NodeSet FunctionAnalyzer::namedNodes(const Expr *E, const State &S) {
   if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
-    const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
+    const VarDecl *VD = handleVar(DRE->getDecl());
     if (!VD || !M.isTensorType(VD->getType()))
       return fresh(E);
     if (isTracked(VD)) {
@@ -341,7 +393,8 @@ NodeSet FunctionAnalyzer::opNodes(const CallExpr *Call, const sem::OpInfo &Op, c
 
 NodeSet FunctionAnalyzer::copyOf(const Expr *E, const void *Key, const State &S) {
   const Expr *Src = stripHandle(E);
-  if (isa<DeclRefExpr, MemberExpr>(Src)) {
+  Exposure Why;
+  if (isa<DeclRefExpr, MemberExpr>(Src) || elementContainer(Src, Why)) {
     unsigned N = nodeFor(Key);
     NodeSet From = valueNodes(Src, S);
     for (unsigned P : From)
@@ -357,6 +410,8 @@ NodeSet FunctionAnalyzer::copyOf(const Expr *E, const void *Key, const State &S)
 void FunctionAnalyzer::transfer(const Stmt *St, State &S) {
   if (const auto *DS = dyn_cast<DeclStmt>(St)) {
     for (const Decl *D : DS->decls()) {
+      if (const auto *DD = dyn_cast<DecompositionDecl>(D))
+        declareBindings(DD, S);
       const auto *VD = dyn_cast<VarDecl>(D);
       if (!isTracked(VD))
         continue;
@@ -468,7 +523,7 @@ const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsign
         continue;
       const Stmt *St = CS->getStmt();
       if (const auto *DRE = dyn_cast<DeclRefExpr>(St)) {
-        const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
+        const VarDecl *VD = handleVar(DRE->getDecl());
         if (VD && isTracked(VD) && resolve(VD) == V && !NonReads.contains(DRE))
           return DRE;
       } else if (const auto *DS = dyn_cast<DeclStmt>(St)) {
@@ -515,7 +570,7 @@ void FunctionAnalyzer::findRoot(WriteEvent &W) const {
   W.Root = Root;
   if (const auto *DRE = dyn_cast<DeclRefExpr>(Root)) {
     const ValueDecl *D = DRE->getDecl();
-    if (const auto *VD = dyn_cast<VarDecl>(D); VD && isTracked(VD))
+    if (const VarDecl *VD = handleVar(D); VD && isTracked(VD))
       D = resolve(VD);
     W.RootDecl = D;
   } else if (const auto *ME = dyn_cast<MemberExpr>(Root)) {

@@ -45,6 +45,13 @@ std::string writeName(const WriteEvent &W) {
   return "write";
 }
 
+std::string changedName(const AffectedHandle &A, const TensorModel &M) {
+  std::string N = "'" + declName(A.Decl) + "'";
+  if (A.Decl && !M.isTensorType(A.Decl->getType()))
+    return "an element of " + N;
+  return N;
+}
+
 std::string exposureNote(const AffectedHandle &A) {
   std::string N = "'" + declName(A.Decl) + "'";
   switch (A.Why) {

@@ -31,6 +31,9 @@ std::string declName(const ValueDecl *D);
 
 // The note text that says why an affected handle matters, and where to put it.
 std::string exposureNote(const AffectedHandle &A);
+/// The changed handle, quoted, as a message names it: "'x'", or "an element
+/// of 'frames_'" where the handle is a container of tensors.
+std::string changedName(const AffectedHandle &A, const TensorModel &M);
 SourceLocation exposureLoc(const AffectedHandle &A);
 
 // True when E is a whole statement (its value unused).

@@ -28,6 +28,26 @@ const Expr *stripHandle(const Expr *E) {
   return E;
 }
 
+bool isModuleForward(const CXXMethodDecl *MD) {
+  if (!MD || !(MD->getOverloadedOperator() == OO_Call ||
+               (MD->getIdentifier() && MD->getName() == "forward")))
+    return false;
+  const CXXRecordDecl *RD = MD->getParent()->getDefinition();
+  if (!RD)
+    return false;
+  auto IsModule = [](const CXXRecordDecl *B) {
+    return B->getQualifiedNameAsString() == "torch::nn::Module";
+  };
+  bool Derived = !RD->forallBases([&](const CXXRecordDecl *B) { return !IsModule(B); });
+  return IsModule(RD) || Derived;
+}
+
+const VarDecl *handleVar(const ValueDecl *D) {
+  if (const auto *B = dyn_cast_or_null<BindingDecl>(D))
+    return B->getHoldingVar();
+  return dyn_cast_or_null<VarDecl>(D);
+}
+
 bool isStdMoveLike(const CallExpr *Call) {
   const auto *FD = Call->getDirectCallee();
   return FD && FD->getIdentifier() && FD->isInStdNamespace() && Call->getNumArgs() == 1 &&

@@ -14,6 +14,17 @@ namespace clang::tidy::tensor {
 /// casts, parentheses, temporaries, functional casts, copy/move construction.
 const Expr *stripHandle(const Expr *E);
 
+/// `forward` (or the call operator) of a class derived from
+/// `torch::nn::Module`: it writes the module's own state (parameters,
+/// buffers such as BatchNorm's running statistics) and its arguments, nothing
+/// the module cannot reach (Note [Opaque calls] in docs/design.md).
+bool isModuleForward(const CXXMethodDecl *MD);
+
+/// The variable a name denotes as a handle: a variable, or the holding
+/// variable of a tuple-like structured binding (`auto [a, b] = f();`);
+/// nullptr otherwise.
+const VarDecl *handleVar(const ValueDecl *D);
+
 /// `std::move(x)` / `std::forward<T>(x)`: the value is x's.
 bool isStdMoveLike(const CallExpr *Call);
 

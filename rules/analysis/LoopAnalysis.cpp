@@ -368,7 +368,8 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
         if (isa<CXXThisExpr>(Obj->IgnoreParenImpCasts()))
           F.ThisMutated = true;
         if (!isTensorLibraryCode(MD) || !MD->getParent()->isInStdNamespace())
-          if (!(MD->getParent()->isLambda()))
+          if (!MD->getParent()->isLambda() && !isModuleForward(MD) &&
+              MD->getOverloadedOperator() != OO_Arrow) // `net_->`: only a pointer
             F.Opaque = true;
       }
       if (MD && MD->getParent()->isLambda())

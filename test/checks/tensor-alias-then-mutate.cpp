@@ -532,3 +532,53 @@ Tensor residual(Tensor x) {
   // CHECK-FIXES: {{^}}  x = x.relu();{{$}}
   return x + identity;
 }
+
+// Elements of containers the function does not own: a handle copied out of
+// a member or parameter container shares the stored tensor's storage.
+struct Buffer {
+  std::vector<Tensor> frames_;
+  Tensor sample(size_t i) {
+    auto obs = frames_[i];
+    obs.div_(255.0);
+    // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'div_' on 'obs' also changes an element of 'frames_', which shares its storage
+    return obs;
+  }
+  Tensor newest() {
+    Tensor last = frames_.back();
+    last.mul_(2);
+    // CHECK-MESSAGES: :[[@LINE-1]]:10: warning: in-place 'mul_' on 'last' also changes an element of 'frames_'
+    return last;
+  }
+  // Look-alikes: a copy, a reference meant to update the element, reassignment.
+  Tensor sampleCopy(size_t i) {
+    auto obs = frames_[i].clone();
+    obs.div_(255.0);
+    return obs;
+  }
+  void scaleStored(size_t i) {
+    auto &stored = frames_[i];
+    stored.mul_(0.5);
+  }
+  Tensor sampleScaled(size_t i) {
+    auto obs = frames_[i];
+    obs = obs / 255.0;
+    return obs;
+  }
+};
+
+void mergeLevels(const std::vector<Tensor> &laterals, std::vector<Tensor> &out) {
+  for (size_t i = 0; i + 1 < laterals.size(); ++i) {
+    auto merged = laterals.at(i);
+    merged.add_(out[i + 1]);
+    // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: in-place 'add_' on 'merged' also changes an element of 'laterals'
+    out[i] = merged;
+  }
+}
+
+// A local container's later reads are not tracked: silent.
+Tensor localContainer() {
+  std::vector<Tensor> parts{tt::ones({2}), tt::ones({2})};
+  auto p = parts[0];
+  p.add_(1);
+  return p;
+}

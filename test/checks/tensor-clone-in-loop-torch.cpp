@@ -68,3 +68,36 @@ float hostCopies(const torch::Tensor &x, int n) {
   // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'cpu' of loop-invariant 'x' copies it to another device again on every iteration (a synchronising transfer); hoist it out of the loop
   return total;
 }
+
+// A module's forward writes its own state and its arguments, not the
+// caller's members: the constants stay invariant across it. An optimizer
+// step writes every parameter it was given: members are not invariant then.
+class Classifier {
+public:
+  Classifier(torch::nn::Sequential net, torch::Device device) : net_(std::move(net)), device_(device) {}
+  int64_t predict(const std::vector<torch::Tensor> &images) {
+    torch::InferenceMode guard;
+    int64_t hits = 0;
+    for (const auto &img : images) {
+      auto m = mean_.to(device_);
+      // CHECK-MESSAGES: :[[@LINE-1]]:22: warning: 'to' of loop-invariant 'mean_' copies it to another device again on every iteration
+      auto logits = net_->forward((img.to(device_) - m));
+      hits += logits.argmax(1).item<int64_t>();
+    }
+    return hits;
+  }
+  void finetune(torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &batches) {
+    for (const auto &b : batches) {
+      auto w = scale_.to(device_);
+      auto loss = net_->forward(b.to(device_) * w).sum();
+      loss.backward();
+      opt.step();
+    }
+  }
+
+private:
+  torch::nn::Sequential net_;
+  torch::Device device_;
+  torch::Tensor mean_ = torch::zeros({1, 3, 1, 1});
+  torch::Tensor scale_ = torch::ones({1});
+};

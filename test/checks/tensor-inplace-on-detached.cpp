@@ -199,6 +199,8 @@ void targetNetworkUpdate(const std::vector<Tensor> &target, const std::vector<Te
   for (size_t i = 0; i < target.size(); ++i) {
     auto t = target[i].detach();
     t.mul_(0.99).add_(online[i], 0.01);
+    // CHECK-MESSAGES-STRICT: :[[@LINE-1]]:7: warning: in-place 'mul_' on 't' changes an element of 'target'
+    // CHECK-MESSAGES-STRICT: :[[@LINE-2]]:18: warning: in-place 'add_' on 't' changes an element of 'target'
   }
 }
 
@@ -303,4 +305,22 @@ void noGradRequested() {
   d.zero_();
   bool g = w.requires_grad();
   (void)g;
+}
+
+// Structured bindings are handles of their own.
+std::pair<Tensor, Tensor> policyValue(const Tensor &obs);
+Tensor valueLoss(const Tensor &obs, const Tensor &returns) {
+  auto [logp, values] = policyValue(obs);
+  auto baseline = values.detach();
+  baseline.sub_(1.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: in-place 'sub_' on 'baseline' changes 'values' behind autograd's back
+  // CHECK-MESSAGES-STRICT: :[[@LINE-2]]:12: warning: in-place 'sub_' on 'baseline' changes 'values'
+  return (returns - values).pow(2).mean() + logp.sum();
+}
+// Look-alike: the detached copy is cloned first.
+Tensor valueLossClone(const Tensor &obs, const Tensor &returns) {
+  auto [logp, values] = policyValue(obs);
+  auto baseline = values.detach().clone();
+  baseline.sub_(1.0);
+  return (returns - values).pow(2).mean() + logp.sum() + baseline.sum();
 }
