@@ -121,6 +121,11 @@ public:
   TensorFact sliceOp(const OpCall &C);
   TensorFact squeezeOp(const OpCall &C);
   TensorFact expandOp(const OpCall &C);
+  /// Sizes of an unknown-rank tensor taken as contiguous, at a rank the code
+  /// names (a permutation, an expand): symbols, or 1 for known unit dims.
+  std::optional<Shape> rankedSizes(const TensorFact &Self, size_t Rank);
+  std::optional<Shape> expandTarget(const OpCall &C);
+  bool expandInput(const TensorFact &Self, const Shape &NS, Shape &Sz, Shape &St);
   TensorFact cloneOp(const OpCall &C);
   TensorFact convertOp(const OpCall &C);
   TensorFact matmulOp(const OpCall &C);

@@ -366,11 +366,9 @@ TensorFact LayoutAnalysis::Impl::permuteOp(const OpCall &C) {
       return unknownLike(Self);
     Sz = *Self.Sizes;
     St = *Self.Strides;
-  } else if (Self.Contig == TensorFact::Yes && Self.SwapA < 0 && Self.Src) {
-    // The permutation names the rank: give the sizes symbols.
-    for (size_t K = 0; K < P.size(); ++K)
-      Sz.push_back((Self.UnitDims >> K) & 1 ? Mono::constant(1)
-                                            : ST.sym(Self.Src, (std::int64_t)K + 1));
+  } else if (auto Named = rankedSizes(Self, P.size())) {
+    // The permutation names the rank.
+    Sz = *Named;
     St = contiguousStrides(ST, Sz);
   } else {
     return unknownLike(Self);
@@ -491,18 +489,70 @@ TensorFact LayoutAnalysis::Impl::squeezeOp(const OpCall &C) {
   return R;
 }
 
-TensorFact LayoutAnalysis::Impl::expandOp(const OpCall &C) {
-  const TensorFact &Self = C.Self;
-  std::optional<Shape> NS;
+std::optional<Shape> LayoutAnalysis::Impl::rankedSizes(const TensorFact &Self, size_t Rank) {
+  if (Self.Sizes || Self.Contig != TensorFact::Yes || Self.SwapA >= 0 || !Self.Src || Rank > 8)
+    return std::nullopt;
+  Shape Sz;
+  for (size_t K = 0; K < Rank; ++K)
+    Sz.push_back((Self.UnitDims >> K) & 1 ? Mono::constant(1)
+                                          : ST.sym(Self.Src, (std::int64_t)K + 1));
+  return Sz;
+}
+
+// The target sizes of expand / expand_as. `expand_as(other)` of an other of
+// unknown rank is taken at self's rank, its size-1 dims broadcast to sizes > 1.
+std::optional<Shape> LayoutAnalysis::Impl::expandTarget(const OpCall &C) {
   if (C.Name == "expand") {
     if (auto A = shapeArg(C.arg(0), C.S))
-      NS = A->Sizes; // -1 stays -1: keep that dim
-  } else if (C.arg(0)) {
-    NS = evalTensor(C.arg(0), C.S).Sizes;
+      return A->Sizes; // -1 stays -1: keep that dim
+    return std::nullopt;
   }
-  if (!NS || !Self.Sizes || NS->size() < Self.Sizes->size())
+  if (!C.arg(0))
+    return std::nullopt;
+  TensorFact Other = evalTensor(C.arg(0), C.S);
+  if (Other.Sizes || !C.Self.Sizes)
+    return Other.Sizes;
+  Shape NS = *C.Self.Sizes;
+  for (size_t I = 0; I < NS.size(); ++I)
+    if (NS[I].isConst(1))
+      NS[I] = ST.sym(Other.Src ? Other.Src : C.Call, (std::int64_t)I + 1);
+  return NS;
+}
+
+// The input's sizes and strides for expand. Of an unknown rank taken as
+// contiguous, the target names the rank, and a dim whose target is none of
+// the input's own sizes is taken as a broadcast size-1 dim: what expand is
+// for (`expand({B, n_heads, T, T})` of a [B, 1, T, T] mask).
+bool LayoutAnalysis::Impl::expandInput(const TensorFact &Self, const Shape &NS, Shape &Sz,
+                                       Shape &St) {
+  if (Self.Sizes) {
+    Sz = *Self.Sizes;
+    St = *Self.Strides;
+    return NS.size() >= Sz.size();
+  }
+  auto Named = rankedSizes(Self, NS.size());
+  if (!Named)
+    return false;
+  Sz = *Named;
+  auto OwnSize = [&](const Mono &W) {
+    return llvm::any_of(*Named, [&](const Mono &H) { return ST.eq(W, H) == Cmp::EQ; });
+  };
+  // A target that is another of its sizes says the two are equal (a square
+  // [T, T] mask): expand keeps that dim, whatever broadcast it does not.
+  for (size_t I = 0; I < NS.size(); ++I)
+    if (!NS[I].isConst(-1))
+      Sz[I] = OwnSize(NS[I]) ? NS[I] : Mono::constant(1);
+  St = contiguousStrides(ST, Sz);
+  return true;
+}
+
+TensorFact LayoutAnalysis::Impl::expandOp(const OpCall &C) {
+  const TensorFact &Self = C.Self;
+  std::optional<Shape> NS = expandTarget(C);
+  Shape InSz, InSt;
+  if (!NS || !expandInput(Self, *NS, InSz, InSt))
     return unknownLike(Self);
-  size_t Lead = NS->size() - Self.Sizes->size();
+  size_t Lead = NS->size() - InSz.size();
   Shape Sz(NS->size()), St(NS->size());
   for (size_t I = 0; I < NS->size(); ++I) {
     const Mono &Want = (*NS)[I];
@@ -513,10 +563,10 @@ TensorFact LayoutAnalysis::Impl::expandOp(const OpCall &C) {
       St[I] = Mono::constant(0);
       continue;
     }
-    const Mono &Have = (*Self.Sizes)[I - Lead];
+    const Mono &Have = InSz[I - Lead];
     if (Want.isConst(-1) || ST.eq(Want, Have) == Cmp::EQ) {
       Sz[I] = Have;
-      St[I] = (*Self.Strides)[I - Lead];
+      St[I] = InSt[I - Lead];
     } else if (Have.isConst(1)) {
       Sz[I] = Want;
       St[I] = Mono::constant(0);

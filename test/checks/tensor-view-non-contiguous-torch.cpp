@@ -30,3 +30,31 @@ void negatives(const torch::Tensor &x, int64_t B, int64_t T, int64_t nh, int64_t
   torch::zeros({2, 3, 4}).permute({0, 2, 1}).view({2, 12}).sum(); // merges 4 and 3: no
   // CHECK-MESSAGES: :[[@LINE-1]]:46: error: 'view' on the non-contiguous result of 'permute' always throws
 }
+
+// expand of a tensor whose sizes the code does not show: the target names the
+// rank, and a dim it changes is taken as the broadcast size-1 dim it must be.
+torch::Tensor headsMask(const torch::Tensor &pad_mask, int64_t n_heads) {
+  auto B = pad_mask.size(0), T = pad_mask.size(2);
+  auto m = pad_mask.expand({B, n_heads, T, T});
+  return m.view({B * n_heads, T, T});
+  // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'view' on the non-contiguous result of 'expand' throws at run time unless the dimensions it merges have size 1 (assuming 'pad_mask' is contiguous
+  // CHECK-FIXES: return m.contiguous().view({B * n_heads, T, T});
+}
+
+torch::Tensor alibiFlat(const torch::Tensor &slopes, const torch::Tensor &scores) {
+  auto bias = slopes.view({1, -1, 1, 1}).expand_as(scores);
+  return bias.view({-1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:15: warning: 'view' on the non-contiguous result of 'expand_as' throws at run time
+  // CHECK-FIXES: return bias.contiguous().view({-1});
+}
+
+// Look-alikes: merging only dims expand kept, expanding a new leading dim.
+torch::Tensor expandNegatives(const torch::Tensor &pad_mask, const torch::Tensor &pos,
+                              const torch::Tensor &slopes, const torch::Tensor &scores,
+                              int64_t n_heads) {
+  auto B = pad_mask.size(0), T = pad_mask.size(2);
+  auto m = pad_mask.expand({B, n_heads, T, T}).view({B, n_heads, T * T});
+  auto p = pos.unsqueeze(0).expand({B, -1, -1}).view({B, -1});
+  auto s = slopes.view({1, -1, 1, 1}).expand_as(scores).sum();
+  return m.sum() + p.sum() + s;
+}
