@@ -121,6 +121,7 @@ public:
   TensorFact sliceOp(const OpCall &C);
   TensorFact squeezeOp(const OpCall &C);
   TensorFact expandOp(const OpCall &C);
+  TensorFact expandedUnknown(const OpCall &C, const std::optional<Shape> &NS);
   TensorFact cloneOp(const OpCall &C);
   TensorFact convertOp(const OpCall &C);
   TensorFact matmulOp(const OpCall &C);
@@ -160,6 +161,11 @@ public:
   std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New);
   TensorFact sliceAlong(const OpCall &C, std::int64_t D, size_t First);
   Mono sliceLength(const OpCall &C, const Mono &Len, size_t First, std::int64_t Step);
+  void sliceSpan(const OpCall &C, TensorFact &R, std::int64_t D, const Mono &Len, size_t First);
+  std::optional<TensorFact::Bound> boundOf(const Expr *E, const Mono &Len, State &S, bool End);
+  void trackStorage(const OpCall &C, TensorFact &R) const;
+  void keepBroadcast(const OpCall &C, TensorFact &R) const;
+  void recordWrite(const CallExpr *Call, State &S);
   ConversionTarget targetOf(const OpCall &C);
   std::optional<Shape> broadcast(const Shape &A, const Shape &B) const;
   TensorFact elementwise(const OpCall &C);
