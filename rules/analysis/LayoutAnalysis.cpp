@@ -288,8 +288,6 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     // A member of this object is one storage wherever it is named.
     if (isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
       F.Src = F.Root = ME->getMemberDecl();
-    else
-      F.Root = nullptr;
     return F;
   }
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))

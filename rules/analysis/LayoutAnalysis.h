@@ -65,11 +65,12 @@ struct TensorFact {
   /// allocated it), when views of it are followed; null: unknown.
   const void *Root = nullptr;
   /// A slice of Root along SliceDim (-1: all of Root), with step 1: indices
-  /// [Lo, Hi), each a constant or the dimension's length plus a constant.
+  /// [Lo, Hi), each a run-time size (the dimension's length, `n`; constant 0
+  /// for none) plus a constant.
   struct Bound {
-    bool FromEnd = false;
+    Mono Base = Mono::constant(0);
     std::int64_t Off = 0;
-    bool operator==(const Bound &O) const { return FromEnd == O.FromEnd && Off == O.Off; }
+    bool operator==(const Bound &O) const { return Base == O.Base && Off == O.Off; }
   };
   int SliceDim = -1;
   Bound Lo, Hi;

@@ -510,8 +510,8 @@ void LayoutAnalysis::Impl::sliceSpan(const OpCall &C, TensorFact &R, std::int64_
   std::optional<TensorFact::Bound> Hi;
   if (C.Name == "narrow") {
     auto N = boundOf(C.arg(First + 1), Len, C.S, false);
-    if (Lo && N && !(Lo->FromEnd && N->FromEnd))
-      Hi = TensorFact::Bound{Lo->FromEnd || N->FromEnd, Lo->Off + N->Off};
+    if (Lo && N && (Lo->Base.isConst() || N->Base.isConst()))
+      Hi = TensorFact::Bound{Lo->Base.isConst() ? N->Base : Lo->Base, Lo->Off + N->Off};
   } else {
     Hi = boundOf(C.arg(First + 1), Len, C.S, true);
   }
@@ -522,25 +522,25 @@ void LayoutAnalysis::Impl::sliceSpan(const OpCall &C, TensorFact &R, std::int64_
   R.Hi = *Hi;
 }
 
-// A slice bound: a constant (negative: from the end), the dimension's length
-// (`n` with n = x.size(d)) plus or minus a constant, or absent.
+// A slice bound: a constant (negative: from the end), a run-time size
+// (`n - 1`) plus or minus a constant, or absent (the start / the end).
 std::optional<TensorFact::Bound> LayoutAnalysis::Impl::boundOf(const Expr *E, const Mono &Len,
                                                                State &S, bool End) {
   using Bound = TensorFact::Bound;
   // From the end of a dimension of known length: a constant.
   auto Resolve = [&](Bound B) {
-    if (B.FromEnd && Len.isConst())
-      B = Bound{false, std::clamp<std::int64_t>(Len.Num + B.Off, 0, Len.Num)};
-    else if (!B.FromEnd && Len.isConst())
+    if (B.Base == Len && Len.isConst())
+      B = Bound{Mono::constant(0), std::clamp<std::int64_t>(Len.Num + B.Off, 0, Len.Num)};
+    else if (B.Base.isConst() && Len.isConst())
       B.Off = std::min(B.Off, Len.Num);
     return B;
   };
   if (!E)
-    return Resolve(End ? Bound{true, 0} : Bound{false, 0});
+    return Resolve(End ? Bound{Len, 0} : Bound{});
   if (auto V = constInt(E, Ctx)) {
     if (*V == INT64_MAX)
-      return Resolve(Bound{true, 0});
-    return Resolve(*V < 0 ? Bound{true, *V} : Bound{false, *V});
+      return Resolve(Bound{Len, 0});
+    return Resolve(*V < 0 ? Bound{Len, *V} : Bound{Mono::constant(0), *V});
   }
   for (int I = 0; I < 4; ++I) { // through std::optional<int64_t>
     E = E->IgnoreImplicit();
@@ -559,9 +559,12 @@ std::optional<TensorFact::Bound> LayoutAnalysis::Impl::boundOf(const Expr *E, co
     Off = BO->getOpcode() == BO_Sub ? -*K : *K;
     E = BO->getLHS();
   }
-  if (ST.eq(evalInt(E, S), Len) != Cmp::EQ)
+  Mono Base = evalInt(E, S);
+  if (Base.Top || Base.Den != 1)
     return std::nullopt;
-  return Resolve(Bound{true, Off});
+  if (Base.isConst())
+    return Resolve(Bound{Mono::constant(0), Base.Num + Off});
+  return Resolve(Bound{ST.norm(Base), Off});
 }
 
 Mono LayoutAnalysis::Impl::sliceLength(const OpCall &C, const Mono &Len, size_t First,
@@ -702,8 +705,7 @@ static bool hasStrideZero(const TensorFact &F) {
 TensorFact LayoutAnalysis::Impl::cloneOp(const OpCall &C) {
   // preserve_format keeps the strides of a dense tensor; an expanded one
   // comes back contiguous.
-  TensorFact R = C.Self;
-  R.Src = C.Call;
+  TensorFact R = C.Self; // same sizes: Src (their identity) stays
   if (hasStrideZero(C.Self))
     setContiguous(R, *C.Self.Sizes);
   if (const Expr *Fmt = C.arg(0); Fmt && !dtypeIn(Fmt).Size) {

@@ -6,18 +6,23 @@
 // the op with a result that depends on the order elements are written in.
 #include "analysis/LayoutAnalysis.h"
 
+#include <optional>
+
 namespace clang::tidy::tensor {
 
 namespace {
 
 using Bound = TensorFact::Bound;
 
-// Under Note [Generic symbols], a length is larger than any constant the code
-// slices with: a bound from the end is past every constant bound.
-bool lessThan(const Bound &A, const Bound &B) {
-  if (A.FromEnd != B.FromEnd)
-    return B.FromEnd;
-  return A.Off < B.Off;
+// A < B for two slice bounds. Under Note [Generic symbols] a run-time size
+// exceeds every constant the code slices with; two different sizes are not
+// compared.
+std::optional<bool> lessThan(const Bound &A, const Bound &B) {
+  if (A.Base == B.Base)
+    return A.Off < B.Off;
+  if (A.Base.isConst() != B.Base.isConst())
+    return B.Base.isConst() == false;
+  return std::nullopt;
 }
 
 // Whole views of one dense storage: the same layout is the same elements in
@@ -48,13 +53,19 @@ OverlapQuery LayoutAnalysis::overlap(const TensorFact &Out, const TensorFact &In
   if (Out.SliceDim != In.SliceDim)
     return Q;
   Q.Dim = Out.SliceDim;
-  if (Out.Lo == In.Lo && Out.Hi == In.Hi)
+  if (Out.Lo == In.Lo && Out.Hi == In.Hi) {
     Q.Result = OverlapQuery::Full;
-  else if (!lessThan(Out.Lo, In.Hi) || !lessThan(In.Lo, Out.Hi))
+    return Q;
+  }
+  std::optional<bool> A = lessThan(Out.Lo, In.Hi), B = lessThan(In.Lo, Out.Hi);
+  if (!A || !B)
+    return Q;
+  if (!*A || !*B)
     Q.Result = OverlapQuery::Disjoint;
   else // a slice of an inner dimension leaves gaps: not dense
     Q.Result = Q.Dim == 0 ? OverlapQuery::Partial : OverlapQuery::TooHard;
-  Q.Assumed |= Out.Lo.FromEnd || Out.Hi.FromEnd || In.Lo.FromEnd || In.Hi.FromEnd;
+  for (const Bound *X : {&Out.Lo, &Out.Hi, &In.Lo, &In.Hi})
+    Q.Assumed |= !X->Base.isConst();
   return Q;
 }
 
