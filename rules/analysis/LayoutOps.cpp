@@ -47,8 +47,15 @@ static bool keepsElements(llvm::StringRef Name) {
 void LayoutAnalysis::Impl::trackStorage(const OpCall &C, TensorFact &R) const {
   sem::Storage St = C.Op ? C.Op->storage : sem::Storage::Fresh;
   bool Shares = St == sem::Storage::View || St == sem::Storage::Detach;
+  // Conversions decide whether they return self (same storage) or copy.
+  bool Converts = St == sem::Storage::MayAlias &&
+                  llvm::is_contained({"to", "cpu", "cuda", "type", "type_as", "toType",
+                                      "contiguous"},
+                                     C.Name);
+  if (Converts && R.Root && R.Root == C.Self.Root)
+    return;
   if (!Shares) {
-    R.Root = St == sem::Storage::MayAlias ? nullptr : C.Call;
+    R.Root = St != sem::Storage::MayAlias || (Converts && R.Root == C.Call) ? C.Call : nullptr;
     R.SliceDim = -1;
     R.Lo = R.Hi = TensorFact::Bound();
     R.Broadcast = R.BroadcastAssumed = false;
@@ -56,8 +63,11 @@ void LayoutAnalysis::Impl::trackStorage(const OpCall &C, TensorFact &R) const {
     return;
   }
   bool Slices = C.Name == "narrow" || C.Name == "slice";
+  // A contiguous view of all of a contiguous value has its footprint.
+  bool Whole = R.Contig == TensorFact::Yes && C.Self.Contig == TensorFact::Yes &&
+               llvm::is_contained({"view", "view_as", "unsqueeze", "squeeze"}, C.Name);
   bool Keeps = St == sem::Storage::Detach || C.Name == "t" || C.Name == "transpose" ||
-               C.Name == "permute" || (Slices && R.SliceDim >= 0);
+               C.Name == "permute" || Whole || (Slices && R.SliceDim >= 0);
   bool Footprint = R.SliceDim >= 0 || (R.Contig != TensorFact::Unknown && C.Self.SliceDim < 0);
   R.Root = Keeps && Footprint ? C.Self.Root : nullptr;
   if (!R.Root)
@@ -361,6 +371,9 @@ TensorFact LayoutAnalysis::Impl::contiguousOp(const OpCall &C) {
     Q.Assumed = C.Self.Assumed;
     Conversions[C.Call] = Q;
   }
+  R.Root = C.Self.Contig == TensorFact::Yes  ? C.Self.Root
+           : C.Self.Contig == TensorFact::No ? C.Call
+                                             : nullptr;
   R.Assumed = false;
   if (C.Self.Sizes)
     setContiguous(R, *C.Self.Sizes);
@@ -777,6 +790,10 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
     Conversions[C.Call] = Q;
   }
   TensorFact R = Self;
+  // Storage: the input's when the conversion returns it, new when it copies.
+  R.Root = DevPart == Changes || DTypePart == Changes                  ? C.Call
+           : DevPart == Keeps && DTypePart == Keeps && !T.Unresolved ? Self.Root
+                                                                       : nullptr;
   if (T.Device != TensorFact::AnyDevice) {
     R.Device = T.Device;
     R.DeviceAssumed = false;
