@@ -9,13 +9,6 @@ using namespace clang::ast_matchers;
 
 namespace clang::tidy::tensor {
 
-InplaceOnExpandedCheck::InplaceOnExpandedCheck(StringRef Name, ClangTidyContext *Context)
-    : TensorCheck(Name, Context) {}
-
-void InplaceOnExpandedCheck::registerMatchers(MatchFinder *Finder) {
-  registerWriteMatchers(Finder, this);
-}
-
 // The op that made the tensor expanded, for messages.
 static std::string expandName(const TensorFact &F) {
   if (const FunctionDecl *FD = F.ExpandCall ? F.ExpandCall->getDirectCallee() : nullptr)
@@ -56,8 +49,8 @@ void InplaceOnExpandedCheck::check(const MatchFinder::MatchResult &Result) {
                                    Fix ? FixKind::CloneAtExpand : FixKind::None,
                                    *Result.SourceManager));
   }
-  if (F->ExpandCall && !Result.SourceManager->isPointWithin(F->ExpandCall->getExprLoc(),
-                                                            Write->getBeginLoc(), Write->getEndLoc()))
+  if (F->ExpandCall && !Result.SourceManager->isPointWithin(
+                           F->ExpandCall->getExprLoc(), Write->getBeginLoc(), Write->getEndLoc()))
     diag(F->ExpandCall->getExprLoc(),
          "expanded here; '.clone()' gives the tensor memory of its own", DiagnosticIDs::Note);
 }

@@ -9,13 +9,6 @@ using namespace clang::ast_matchers;
 
 namespace clang::tidy::tensor {
 
-InplaceOverlapCheck::InplaceOverlapCheck(StringRef Name, ClangTidyContext *Context)
-    : TensorCheck(Name, Context) {}
-
-void InplaceOverlapCheck::registerMatchers(MatchFinder *Finder) {
-  registerWriteMatchers(Finder, this);
-}
-
 // Ops that compare their inputs with the output (TensorIterator's
 // elementwise ops, copy_): table rows whose out-of-place form is elementwise.
 static bool checksOverlap(StringRef Op) {
@@ -56,7 +49,8 @@ void InplaceOverlapCheck::report(const CallExpr *Write, StringRef Op, const Expr
   if (!Reported.first(Loc))
     return;
   bool Throws = Q.Result == OverlapQuery::Partial;
-  std::string Msg = "in-place '" + Op.str() + "' reads a tensor that partially overlaps the one it writes";
+  std::string Msg =
+      "in-place '" + Op.str() + "' reads a tensor that partially overlaps the one it writes";
   if (Throws)
     Msg += ": throws at run time ('unsupported operation: some elements of the input tensor and "
            "the written-to tensor refer to a single memory location. Please clone() the tensor "
@@ -71,11 +65,9 @@ void InplaceOverlapCheck::report(const CallExpr *Write, StringRef Op, const Expr
   auto D = diag(Loc, Msg, Throws ? DiagnosticIDs::Error : DiagnosticIDs::Warning);
   if (Fix)
     D << *Fix;
-  Finding F = writeLayoutFinding(getID(),
-                                 Throws ? HazardKind::OverlapThrows
-                                        : HazardKind::OverlapOrderDependent,
-                                 Write, Loc, Out, Fix ? FixKind::CloneSource : FixKind::None,
-                                 *Result.SourceManager);
+  Finding F = writeLayoutFinding(
+      getID(), Throws ? HazardKind::OverlapThrows : HazardKind::OverlapOrderDependent, Write, Loc,
+      Out, Fix ? FixKind::CloneSource : FixKind::None, *Result.SourceManager);
   F.Facts.push_back(Fact::SameStorage);
   emitFinding(std::move(F));
 }

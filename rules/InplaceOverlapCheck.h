@@ -1,7 +1,6 @@
 #pragma once
 
-#include "analysis/AnalysisManager.h"
-#include "analysis/TensorCheck.h"
+#include "analysis/LayoutCheckSupport.h"
 
 namespace clang::tidy::tensor {
 
@@ -9,20 +8,14 @@ namespace clang::tidy::tensor {
 /// writes (`x.add_(x.t())`, a shift within one buffer): PyTorch raises, or,
 /// where it cannot tell, the result depends on the order of the writes.
 /// Docs: docs/checks/tensor-inplace-overlap.md
-class InplaceOverlapCheck : public TensorCheck {
+class InplaceOverlapCheck : public LayoutWriteCheck {
 public:
-  InplaceOverlapCheck(StringRef Name, ClangTidyContext *Context);
-  void registerMatchers(ast_matchers::MatchFinder *Finder) override;
+  using LayoutWriteCheck::LayoutWriteCheck;
   void check(const ast_matchers::MatchFinder::MatchResult &Result) override;
-  void onEndOfTranslationUnit() override {
-    AnalysisManager::release();
-    Reported.clear();
-  }
 
 private:
   void report(const CallExpr *Write, StringRef Op, const Expr *Source, const TensorFact &Out,
               const OverlapQuery &Q, const ast_matchers::MatchFinder::MatchResult &Result);
-  ReportedOnce Reported; // template instantiations repeat a call
 };
 
 } // namespace clang::tidy::tensor

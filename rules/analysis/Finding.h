@@ -32,13 +32,13 @@ inline constexpr int FindingSchemaVersion = 1;
 
 /// What can go wrong at run time.
 enum class HazardKind {
-  SharedStorageWrite, // an in-place write changes another handle's data
-  DetachedWrite,      // an in-place write changes a tensor behind autograd's back
-  ViewThrows,         // view() on a non-viewable layout throws
-  ImplicitCopy,       // reshape/flatten silently copies
-  LoopInvariantCopy,  // a copy of a loop-invariant tensor on every iteration
-  ExpandedWrite,      // an in-place write into a stride-0 (expanded) dimension throws
-  OverlapThrows,      // an in-place op's input partially overlaps its output: throws
+  SharedStorageWrite,    // an in-place write changes another handle's data
+  DetachedWrite,         // an in-place write changes a tensor behind autograd's back
+  ViewThrows,            // view() on a non-viewable layout throws
+  ImplicitCopy,          // reshape/flatten silently copies
+  LoopInvariantCopy,     // a copy of a loop-invariant tensor on every iteration
+  ExpandedWrite,         // an in-place write into a stride-0 (expanded) dimension throws
+  OverlapThrows,         // an in-place op's input partially overlaps its output: throws
   OverlapOrderDependent, // ... where PyTorch cannot tell: the result depends on order
 };
 

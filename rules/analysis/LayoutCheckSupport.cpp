@@ -1,10 +1,10 @@
 #include "analysis/LayoutCheckSupport.h"
 
+#include "analysis/AstHelpers.h"
 #include "clang/AST/Expr.h"
 #include "clang/AST/ExprCXX.h"
 #include "clang/Basic/SourceManager.h"
 #include "clang/Lex/Lexer.h"
-#include "analysis/AstHelpers.h"
 
 namespace clang::tidy::tensor {
 
@@ -40,10 +40,10 @@ using namespace ast_matchers;
 
 void registerWriteMatchers(MatchFinder *Finder, MatchFinder::MatchCallback *CB) {
   auto Named = functionDecl(matchesName("[a-z0-9]_$"));
-  Finder->addMatcher(callExpr(unless(isExpansionInSystemHeader()), unless(cxxOperatorCallExpr()),
-                              callee(Named))
-                         .bind("write"),
-                     CB);
+  Finder->addMatcher(
+      callExpr(unless(isExpansionInSystemHeader()), unless(cxxOperatorCallExpr()), callee(Named))
+          .bind("write"),
+      CB);
   Finder->addMatcher(cxxOperatorCallExpr(unless(isExpansionInSystemHeader()),
                                          hasAnyOverloadedOperatorName("+=", "-=", "*=", "/=", "="))
                          .bind("write"),

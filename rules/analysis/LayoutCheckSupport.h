@@ -3,6 +3,8 @@
 
 #include "analysis/Finding.h"
 #include "analysis/LayoutAnalysis.h"
+#include "analysis/AnalysisManager.h"
+#include "analysis/TensorCheck.h"
 #include "analysis/TensorModel.h"
 
 #include "clang/ASTMatchers/ASTMatchFinder.h"
@@ -35,6 +37,23 @@ std::string writeOpName(const CallExpr *Call, const TensorModel &Model);
 // `.clone()` inserted after E, unless E is in a macro or a template
 // instantiation (the fix would edit every instantiation).
 std::optional<FixItHint> cloneAfter(const Expr *E, ASTContext &Ctx);
+
+// Base of the checks that judge in-place writes on the layout facts: it
+// matches the writes, reports a location once, releases the analyses per TU.
+class LayoutWriteCheck : public TensorCheck {
+public:
+  using TensorCheck::TensorCheck;
+  void registerMatchers(ast_matchers::MatchFinder *Finder) override {
+    registerWriteMatchers(Finder, this);
+  }
+  void onEndOfTranslationUnit() override {
+    AnalysisManager::release();
+    Reported.clear();
+  }
+
+protected:
+  ReportedOnce Reported; // template instantiations repeat a call
+};
 
 // The typed finding of an in-place write whose target fact is F.
 Finding writeLayoutFinding(StringRef Check, HazardKind Hazard, const CallExpr *Write,

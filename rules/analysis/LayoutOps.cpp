@@ -48,10 +48,9 @@ void LayoutAnalysis::Impl::trackStorage(const OpCall &C, TensorFact &R) const {
   sem::Storage St = C.Op ? C.Op->storage : sem::Storage::Fresh;
   bool Shares = St == sem::Storage::View || St == sem::Storage::Detach;
   // Conversions decide whether they return self (same storage) or copy.
-  bool Converts = St == sem::Storage::MayAlias &&
-                  llvm::is_contained({"to", "cpu", "cuda", "type", "type_as", "toType",
-                                      "contiguous"},
-                                     C.Name);
+  bool Converts =
+      St == sem::Storage::MayAlias &&
+      llvm::is_contained({"to", "cpu", "cuda", "type", "type_as", "toType", "contiguous"}, C.Name);
   if (Converts && R.Root && R.Root == C.Self.Root)
     return;
   if (!Shares) {
@@ -791,9 +790,9 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
   }
   TensorFact R = Self;
   // Storage: the input's when the conversion returns it, new when it copies.
-  R.Root = DevPart == Changes || DTypePart == Changes                  ? C.Call
+  R.Root = DevPart == Changes || DTypePart == Changes                ? C.Call
            : DevPart == Keeps && DTypePart == Keeps && !T.Unresolved ? Self.Root
-                                                                       : nullptr;
+                                                                     : nullptr;
   if (T.Device != TensorFact::AnyDevice) {
     R.Device = T.Device;
     R.DeviceAssumed = false;

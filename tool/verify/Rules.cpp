@@ -57,8 +57,8 @@ HazardJudgement errorHazard(const HazardInput &In, StringRef What) {
   HazardJudgement J;
   J.Verdict = In.Err ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
   J.Evidence.push_back(In.Err ? formatv("{0} at {1} threw \"{2}\"",
-                                        In.Err->Op.empty() ? What : StringRef(In.Err->Op),
-                                        In.Where, In.Err->Message)
+                                        In.Err->Op.empty() ? What : StringRef(In.Err->Op), In.Where,
+                                        In.Err->Message)
                                     .str()
                               : What.str() + " at " + In.Where + " ran without error");
   return J;
