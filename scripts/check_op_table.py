@@ -23,6 +23,7 @@ def probes(torch, F):
         "split_with_sizes": lambda t: t.split_with_sizes([2, 4], -1)[0],
         "tensor_split": lambda t: t.tensor_split(2, -1)[0],
         "unflatten": lambda t: t.unflatten(-1, (2, 3)), "unfold": lambda t: t.unfold(-1, 2, 1),
+        "broadcast_to": lambda t: t.broadcast_to((2,) + tuple(t.shape)),
         "toType": lambda t: t.type(t.dtype), "type_as": lambda t: t.type_as(t),
         "addcdiv": lambda t: t.addcdiv(t, t.abs() + 1), "addcmul": lambda t: t.addcmul(t, t),
         "ceil": torch.ceil, "clamp_max": lambda t: t.clamp_max(0), "clamp_min": lambda t: t.clamp_min(0),

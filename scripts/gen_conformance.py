@@ -327,6 +327,8 @@ def copies():
 
 
 OVERLAP_ERROR = "unsupported operation: more than one element of the written-to tensor refers to a single memory location"
+PARTIAL_ERROR = ("unsupported operation: some elements of the input tensor and the written-to tensor "
+                 "refer to a single memory location")
 LEAF_ERROR = "a leaf Variable that requires grad is being used in an in-place operation."
 VIEW_OF_LEAF_ERROR = "a view of a leaf Variable that requires grad is being used in an in-place operation."
 SAVED_ERROR = "one of the variables needed for gradient computation has been modified by an inplace operation"
@@ -396,6 +398,22 @@ def in_place():
                error="The size of tensor a (4) must match the size of tensor b (5) at non-singleton dimension 1"),
           Case("copy_", "leaf-requires-grad", requires_grad=True, others={"o": leaf([3, 4])},
                op_args=(T("o"),), error=LEAF_ERROR)]
+    # an input partially overlapping the output (at::assert_no_partial_overlap):
+    # only two non-overlapping, dense tensors of one storage are compared
+    rows = lambda a, b: [step("narrow", "x", 0, a, 2, out="d"), step("narrow", "x", 0, b, 2, out="s")]
+    cols = [step("narrow", "x", 1, 1, 3, out="d"), step("narrow", "x", 1, 0, 3, out="s")]
+    c += [Case("add_", "partial-overlap-transpose", pre=[step("t", "x", out="y")], op_args=(T("y"),),
+               error=PARTIAL_ERROR),
+          Case("add_", "full-overlap", op_args=(T("x"),)),
+          Case("copy_", "partial-overlap-rows", pre=rows(1, 0), self_name="d", op_args=(T("s"),),
+               error=PARTIAL_ERROR),
+          Case("mul_", "partial-overlap-rows", pre=rows(0, 1), self_name="d", op_args=(T("s"),),
+               error=PARTIAL_ERROR),
+          Case("copy_", "disjoint-rows", pre=[step("narrow", "x", 0, 0, 1, out="d"),
+                                              step("narrow", "x", 0, 2, 1, out="s")],
+               self_name="d", op_args=(T("s"),)),
+          Case("copy_", "overlap-too-hard-cols", pre=cols, self_name="d", op_args=(T("s"),),
+               values=False)]
     c += [Case("fill_", "contiguous", op_args=(2.5,)),
           Case("fill_", "transposed", "transposed", op_args=(-1.0,)),
           Case("fill_", "sliced", "sliced", op_args=(7.0,)),

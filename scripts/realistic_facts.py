@@ -16,6 +16,7 @@ FACT_RE = re.compile(r"//\s*FACT:\s*(.+)$")
 ANNOT_RE = re.compile(r"//\s*(EXPECT|LOOKALIKE):\s*([a-z\-, ]+?)(\s+--.*)?$")
 # Checks whose annotations must be backed by a FACT (the layout/alias ones).
 NEEDS_FACT = {"tensor-alias-then-mutate", "tensor-reshape-non-contiguous",
+              "tensor-inplace-on-expanded", "tensor-inplace-overlap",
               "tensor-view-non-contiguous"}
 FACT_WINDOW = 15  # a FACT up to this many lines above the annotated line counts
 

@@ -26,6 +26,9 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::ViewThrows, "view-throws"},
     {HazardKind::ImplicitCopy, "implicit-copy"},
     {HazardKind::LoopInvariantCopy, "loop-invariant-copy"},
+    {HazardKind::ExpandedWrite, "expanded-write"},
+    {HazardKind::OverlapThrows, "overlap-throws"},
+    {HazardKind::OverlapOrderDependent, "overlap-order-dependent"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -37,6 +40,8 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::UseSource, "use-source"},
     {FixKind::HoistOutOfLoop, "hoist-out-of-loop"},
     {FixKind::HoistAndCopyInto, "hoist-and-copy-into"},
+    {FixKind::CloneAtExpand, "clone-at-expand"},
+    {FixKind::CloneSource, "clone-source"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -51,6 +56,8 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::Escapes, "escapes"},
     {Fact::LoopInvariant, "loop-invariant"},
     {Fact::WrittenInLoop, "written-in-loop"},
+    {Fact::ExpandAssumed, "expand-assumed"},
+    {Fact::SameStorage, "same-storage"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},

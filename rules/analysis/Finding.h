@@ -32,11 +32,14 @@ inline constexpr int FindingSchemaVersion = 1;
 
 /// What can go wrong at run time.
 enum class HazardKind {
-  SharedStorageWrite, // an in-place write changes another handle's data
-  DetachedWrite,      // an in-place write changes a tensor behind autograd's back
-  ViewThrows,         // view() on a non-viewable layout throws
-  ImplicitCopy,       // reshape/flatten silently copies
-  LoopInvariantCopy,  // a copy of a loop-invariant tensor on every iteration
+  SharedStorageWrite,    // an in-place write changes another handle's data
+  DetachedWrite,         // an in-place write changes a tensor behind autograd's back
+  ViewThrows,            // view() on a non-viewable layout throws
+  ImplicitCopy,          // reshape/flatten silently copies
+  LoopInvariantCopy,     // a copy of a loop-invariant tensor on every iteration
+  ExpandedWrite,         // an in-place write into a stride-0 (expanded) dimension throws
+  OverlapThrows,         // an in-place op's input partially overlaps its output: throws
+  OverlapOrderDependent, // ... where PyTorch cannot tell: the result depends on order
 };
 
 /// What the offered fix-it does (None: no fix-it).
@@ -50,6 +53,8 @@ enum class FixKind {
   UseSource,        // x.clone() -> x (never written)
   HoistOutOfLoop,   // the declaration moves before the loop
   HoistAndCopyInto, // one buffer before the loop, copy_ into it
+  CloneAtExpand,    // x.expand(...) -> x.expand(...).clone()
+  CloneSource,      // dst.copy_(src) -> dst.copy_(src.clone())
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
@@ -67,6 +72,8 @@ enum class Fact {
   Escapes,           // the changed handle escapes (returned, stored, passed)
   LoopInvariant,     // the copied value does not change in the loop
   WrittenInLoop,     // the copy is written inside the loop
+  ExpandAssumed,     // an expand taken as broadcasting (sizes > 1, rank unknown)
+  SameStorage,       // both operands are views of one storage
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line

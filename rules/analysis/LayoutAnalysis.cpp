@@ -23,7 +23,9 @@ bool TensorFact::operator==(const TensorFact &O) const {
          KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
          ElemSize == O.ElemSize && DType == O.DType && Device == O.Device && SwapA == O.SwapA &&
          SwapB == O.SwapB && UnitDims == O.UnitDims && Src == O.Src && Origin == O.Origin &&
-         OriginLoc == O.OriginLoc;
+         OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
+         BroadcastAssumed == O.BroadcastAssumed && ExpandCall == O.ExpandCall && Root == O.Root &&
+         SliceDim == O.SliceDim && Lo == O.Lo && Hi == O.Hi;
 }
 
 namespace layout {
@@ -168,6 +170,7 @@ TensorFact assumedInput(const void *Src, std::string Source) {
   F.KindSource = Source;
   F.AssumedSource = std::move(Source);
   F.Src = Src;
+  F.Root = Src;
   return F;
 }
 
@@ -176,6 +179,7 @@ TensorFact freshContiguous(const void *Src) {
   TensorFact F;
   F.Contig = TensorFact::Yes;
   F.Src = Src;
+  F.Root = Src;
   return F;
 }
 
@@ -202,6 +206,19 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
   }
   if (R.Contig == TensorFact::No && A.Origin == B.Origin)
     R.Origin = A.Origin;
+  // Expansion and storage are must-facts: kept only where both paths agree.
+  if (A.Broadcast && B.Broadcast && A.ExpandCall == B.ExpandCall) {
+    R.Broadcast = true;
+    R.BroadcastAssumed = A.BroadcastAssumed || B.BroadcastAssumed;
+    R.ExpandCall = A.ExpandCall;
+  }
+  if (A.Root == B.Root && A.SliceDim == B.SliceDim && A.Lo == B.Lo && A.Hi == B.Hi &&
+      A.SwapA == B.SwapA && A.SwapB == B.SwapB && A.Sizes == B.Sizes && A.Strides == B.Strides) {
+    R.Root = A.Root;
+    R.SliceDim = A.SliceDim;
+    R.Lo = A.Lo;
+    R.Hi = A.Hi;
+  }
   return R;
 }
 
@@ -267,7 +284,11 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   if (const auto *ME = dyn_cast<MemberExpr>(E)) {
     if (!Model.isTensorExpr(E))
       return unknownFact();
-    return assumedInput(E, "member '" + ME->getMemberDecl()->getNameAsString() + "'");
+    TensorFact F = assumedInput(E, "member '" + ME->getMemberDecl()->getNameAsString() + "'");
+    // A member of this object is one storage wherever it is named.
+    if (isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
+      F.Src = F.Root = ME->getMemberDecl();
+    return F;
   }
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))
     return evalOperator(OC, S);
@@ -299,7 +320,9 @@ TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, Sta
                {}, S,        evalTensor(OC->getArg(0), S)};
       if (Recording)
         Facts[C.SelfE] = C.Self;
-      return sliceAlong(C, 0, 1);
+      TensorFact R = sliceAlong(C, 0, 1);
+      trackStorage(C, R);
+      return R;
     }
     [[fallthrough]];
   default:
@@ -674,6 +697,8 @@ void LayoutAnalysis::Impl::assertionFacts(const Expr *E, State &S) {
 void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
   if (Recording && Model.isTensorExpr(Call))
     (void)evalTensor(Call, S);
+  if (Recording)
+    recordWrite(Call, S);
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
       OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
     const VarDecl *V = varOf(OC->getArg(0));
@@ -697,6 +722,24 @@ void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
     }
   }
   forgetWrittenArgs(Call, S);
+}
+
+// An in-place write: the facts of the written tensor and of its tensor
+// inputs, for the checks of writes into expanded or overlapping memory.
+void LayoutAnalysis::Impl::recordWrite(const CallExpr *Call, State &S) {
+  const Expr *Target = Model.inPlaceTarget(Call);
+  if (!Target)
+    return;
+  // Evaluate first: evaluation records nested facts and may grow the map.
+  TensorFact Out = evalTensor(Target, S);
+  Facts[Target] = std::move(Out);
+  for (const Expr *A : Call->arguments()) {
+    const Expr *T = Model.tensorOperand(A);
+    if (!T || A == Target)
+      continue;
+    TensorFact In = evalTensor(T, S);
+    Facts[T] = std::move(In);
+  }
 }
 
 // Arguments bound to non-const references (or moved from) may change.

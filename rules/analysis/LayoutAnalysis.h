@@ -56,10 +56,39 @@ struct TensorFact {
   /// The op that made it non-contiguous (for messages) and where.
   std::string Origin;
   SourceLocation OriginLoc;
+  /// A dimension of stride 0 and size > 1 (PyTorch's internal overlap), made
+  /// by ExpandCall; Assumed: it rests on the defaults (sizes > 1, an expand of
+  /// a tensor of unknown rank taken as broadcasting).
+  bool Broadcast = false, BroadcastAssumed = false;
+  const CallExpr *ExpandCall = nullptr;
+  /// The value whose storage holds the elements (the input or the op that
+  /// allocated it), when views of it are followed; null: unknown.
+  const void *Root = nullptr;
+  /// A slice of Root along SliceDim (-1: all of Root), with step 1: indices
+  /// [Lo, Hi), each a run-time size (the dimension's length, `n`; constant 0
+  /// for none) plus a constant.
+  struct Bound {
+    Mono Base = Mono::constant(0);
+    std::int64_t Off = 0;
+    bool operator==(const Bound &O) const { return Base == O.Base && Off == O.Off; }
+  };
+  int SliceDim = -1;
+  Bound Lo, Hi;
 
   bool hasShape() const { return Sizes.has_value(); }
   bool operator==(const TensorFact &O) const;
   bool operator!=(const TensorFact &O) const { return !(*this == O); }
+};
+
+/// How the elements of an in-place op's output and an input share memory, as
+/// at::get_overlap_status decides (aten/src/ATen/MemoryOverlap.cpp).
+struct OverlapQuery {
+  enum Kind : std::uint8_t { Unknown, Disjoint, Full, Partial, TooHard };
+  Kind Result = Unknown;
+  /// Rests on a default (an input taken as contiguous, sizes > 1).
+  bool Assumed = false;
+  /// For a shift (a slice of one dimension): the dimension.
+  int Dim = -1;
 };
 
 /// Whether a view/reshape of a tensor to a new shape can alias it.
@@ -103,6 +132,9 @@ public:
   const ViewQuery *queryOf(const CallExpr *Call) const;
   /// For the may-alias ops of the table: does the call copy.
   const ConversionQuery *conversionOf(const CallExpr *Call) const;
+
+  /// Overlap of the written tensor Out and an input In of one in-place op.
+  static OverlapQuery overlap(const TensorFact &Out, const TensorFact &In);
 
   /// Text for a byte count: "512 bytes", "3.0 KiB", "4.0 MiB", "1.5 GiB".
   static std::string formatBytes(std::int64_t Bytes);

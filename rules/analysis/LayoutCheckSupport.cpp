@@ -1,8 +1,10 @@
 #include "analysis/LayoutCheckSupport.h"
 
+#include "analysis/AstHelpers.h"
 #include "clang/AST/Expr.h"
 #include "clang/AST/ExprCXX.h"
 #include "clang/Basic/SourceManager.h"
+#include "clang/Lex/Lexer.h"
 
 namespace clang::tidy::tensor {
 
@@ -32,6 +34,77 @@ std::optional<OriginNote> originNote(const ViewQuery &Q, const Expr *Call,
   if (OL.isInvalid() || SM.isPointWithin(OL, Call->getBeginLoc(), Call->getEndLoc()))
     return std::nullopt;
   return OriginNote{OL, Q.Input.Origin};
+}
+
+using namespace ast_matchers;
+
+void registerWriteMatchers(MatchFinder *Finder, MatchFinder::MatchCallback *CB) {
+  auto Named = functionDecl(matchesName("[a-z0-9]_$"));
+  Finder->addMatcher(
+      callExpr(unless(isExpansionInSystemHeader()), unless(cxxOperatorCallExpr()), callee(Named))
+          .bind("write"),
+      CB);
+  Finder->addMatcher(cxxOperatorCallExpr(unless(isExpansionInSystemHeader()),
+                                         hasAnyOverloadedOperatorName("+=", "-=", "*=", "/=", "="))
+                         .bind("write"),
+                     CB);
+}
+
+std::string writeOpName(const CallExpr *Call, const TensorModel &Model) {
+  if (!Model.inPlaceTarget(Call))
+    return "";
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
+    switch (OC->getOperator()) {
+    case OO_PlusEqual:
+      return "add_";
+    case OO_MinusEqual:
+      return "sub_";
+    case OO_StarEqual:
+      return "mul_";
+    case OO_SlashEqual:
+      return "div_";
+    case OO_Equal:
+      return Model.isTensorExpr(OC->getArg(1)) ? "copy_" : "fill_";
+    default:
+      return "";
+    }
+  }
+  const FunctionDecl *FD = Call->getDirectCallee();
+  return FD && FD->getIdentifier() ? FD->getName().str() : "";
+}
+
+std::optional<FixItHint> cloneAfter(const Expr *E, ASTContext &Ctx) {
+  SourceLocation End = E->getEndLoc();
+  if (End.isInvalid() || End.isMacroID() || E->getBeginLoc().isMacroID() ||
+      inTemplateInstantiation(E, Ctx))
+    return std::nullopt;
+  SourceLocation After =
+      Lexer::getLocForEndOfToken(End, 0, Ctx.getSourceManager(), Ctx.getLangOpts());
+  if (After.isInvalid())
+    return std::nullopt;
+  return FixItHint::CreateInsertion(After, ".clone()");
+}
+
+Finding writeLayoutFinding(StringRef Check, HazardKind Hazard, const CallExpr *Write,
+                           SourceLocation Loc, const TensorFact &F, FixKind Fix,
+                           const SourceManager &SM) {
+  Finding R;
+  R.Check = Check.str();
+  R.Hazard = Hazard;
+  R.Where = SourcePoint::at(Loc, SM);
+  R.Op = SourcePoint::at(reportLoc(Write), SM);
+  if (const FunctionDecl *FD = Write->getDirectCallee())
+    R.OpName = FD->getNameAsString();
+  if (F.ExpandCall)
+    R.Origin = SourcePoint::at(F.ExpandCall->getExprLoc(), SM);
+  R.Fix = Fix;
+  if (F.Sizes)
+    R.Facts.push_back(Fact::LayoutKnown);
+  if (F.Assumed)
+    R.Facts.push_back(Fact::AssumedContiguous);
+  if (F.BroadcastAssumed)
+    R.Facts.push_back(Fact::ExpandAssumed);
+  return R;
 }
 
 } // namespace clang::tidy::tensor

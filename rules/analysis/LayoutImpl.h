@@ -126,6 +126,7 @@ public:
   std::optional<Shape> rankedSizes(const TensorFact &Self, size_t Rank);
   std::optional<Shape> expandTarget(const OpCall &C);
   bool expandInput(const TensorFact &Self, const Shape &NS, Shape &Sz, Shape &St);
+  TensorFact expandedUnknown(const OpCall &C, const std::optional<Shape> &NS);
   TensorFact cloneOp(const OpCall &C);
   TensorFact convertOp(const OpCall &C);
   TensorFact matmulOp(const OpCall &C);
@@ -165,6 +166,11 @@ public:
   std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New);
   TensorFact sliceAlong(const OpCall &C, std::int64_t D, size_t First);
   Mono sliceLength(const OpCall &C, const Mono &Len, size_t First, std::int64_t Step);
+  void sliceSpan(const OpCall &C, TensorFact &R, std::int64_t D, const Mono &Len, size_t First);
+  std::optional<TensorFact::Bound> boundOf(const Expr *E, const Mono &Len, State &S, bool End);
+  void trackStorage(const OpCall &C, TensorFact &R) const;
+  void keepBroadcast(const OpCall &C, TensorFact &R) const;
+  void recordWrite(const CallExpr *Call, State &S);
   ConversionTarget targetOf(const OpCall &C);
   std::optional<Shape> broadcast(const Shape &A, const Shape &B) const;
   TensorFact elementwise(const OpCall &C);

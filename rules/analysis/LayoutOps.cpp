@@ -22,12 +22,82 @@ TensorFact LayoutAnalysis::Impl::applyOp(const OpCall &C) {
                   .Case("permute", &Impl::permuteOp)
                   .Cases("select", "narrow", "slice", &Impl::sliceOp)
                   .Cases("unsqueeze", "squeeze", &Impl::squeezeOp)
-                  .Cases("expand", "expand_as", &Impl::expandOp)
+                  .Cases("expand", "expand_as", "broadcast_to", &Impl::expandOp)
                   .Case("clone", &Impl::cloneOp)
                   .Cases("to", "cuda", "cpu", "type", "type_as", "toType", &Impl::convertOp)
                   .Cases("matmul", "mm", "bmm", &Impl::matmulOp)
                   .Default(&Impl::byTable);
-  return (this->*H)(C);
+  TensorFact R = (this->*H)(C);
+  trackStorage(C, R);
+  return R;
+}
+
+// Ops whose result keeps every element of self in place (a view of the same
+// footprint, or a slice of it) and so keeps an expanded dimension.
+static bool keepsElements(llvm::StringRef Name) {
+  return llvm::StringSwitch<bool>(Name)
+      .Cases("t", "transpose", "permute", "unsqueeze", "narrow", "slice", true)
+      .Cases("detach", "data", "variable_data", true)
+      .Default(false);
+}
+
+// Which storage the result lies in, and whether it keeps a stride-0
+// dimension of size > 1: views keep self's (the slice and expand handlers
+// refine them), every other op allocates (may-alias ops: unknown).
+void LayoutAnalysis::Impl::trackStorage(const OpCall &C, TensorFact &R) const {
+  sem::Storage St = C.Op ? C.Op->storage : sem::Storage::Fresh;
+  bool Shares = St == sem::Storage::View || St == sem::Storage::Detach;
+  // Conversions decide whether they return self (same storage) or copy.
+  bool Converts =
+      St == sem::Storage::MayAlias &&
+      llvm::is_contained({"to", "cpu", "cuda", "type", "type_as", "toType", "contiguous"}, C.Name);
+  if (Converts && R.Root && R.Root == C.Self.Root)
+    return;
+  if (!Shares) {
+    R.Root = St != sem::Storage::MayAlias || (Converts && R.Root == C.Call) ? C.Call : nullptr;
+    R.SliceDim = -1;
+    R.Lo = R.Hi = TensorFact::Bound();
+    R.Broadcast = R.BroadcastAssumed = false;
+    R.ExpandCall = nullptr;
+    return;
+  }
+  bool Slices = C.Name == "narrow" || C.Name == "slice";
+  // A contiguous view of all of a contiguous value has its footprint.
+  bool Whole = R.Contig == TensorFact::Yes && C.Self.Contig == TensorFact::Yes &&
+               llvm::is_contained({"view", "view_as", "unsqueeze", "squeeze"}, C.Name);
+  bool Keeps = St == sem::Storage::Detach || C.Name == "t" || C.Name == "transpose" ||
+               C.Name == "permute" || Whole || (Slices && R.SliceDim >= 0);
+  bool Footprint = R.SliceDim >= 0 || (R.Contig != TensorFact::Unknown && C.Self.SliceDim < 0);
+  R.Root = Keeps && Footprint ? C.Self.Root : nullptr;
+  if (!R.Root)
+    R.SliceDim = -1;
+  if (C.Name == "expand" || C.Name == "expand_as" || C.Name == "broadcast_to")
+    return; // expandOp decided
+  keepBroadcast(C, R);
+}
+
+// A view keeps an expanded dimension while its strides show one, or (rank
+// unknown) when it keeps every dimension.
+void LayoutAnalysis::Impl::keepBroadcast(const OpCall &C, TensorFact &R) const {
+  const TensorFact &Self = C.Self;
+  R.Broadcast = R.BroadcastAssumed = false;
+  R.ExpandCall = nullptr;
+  if (!Self.Broadcast)
+    return;
+  if (R.Strides) {
+    for (size_t I = 0; I < R.Strides->size(); ++I) {
+      const Mono &Sz = (*R.Sizes)[I];
+      if ((*R.Strides)[I].isConst(0) && !Sz.isConst(1) && !Sz.isConst(0)) {
+        R.Broadcast = true;
+        R.BroadcastAssumed |= Self.BroadcastAssumed || !Sz.isConst();
+      }
+    }
+  } else if (keepsElements(C.Name) && !C.Self.Strides) {
+    R.Broadcast = true;
+    R.BroadcastAssumed = Self.BroadcastAssumed;
+  }
+  if (R.Broadcast)
+    R.ExpandCall = Self.ExpandCall;
 }
 
 void LayoutAnalysis::Impl::derived(TensorFact &R, const TensorFact &Self, const OpCall &C) const {
@@ -300,6 +370,9 @@ TensorFact LayoutAnalysis::Impl::contiguousOp(const OpCall &C) {
     Q.Assumed = C.Self.Assumed;
     Conversions[C.Call] = Q;
   }
+  R.Root = C.Self.Contig == TensorFact::Yes  ? C.Self.Root
+           : C.Self.Contig == TensorFact::No ? C.Call
+                                             : nullptr;
   R.Assumed = false;
   if (C.Self.Sizes)
     setContiguous(R, *C.Self.Sizes);
@@ -403,10 +476,15 @@ TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, siz
   std::optional<std::int64_t> Step = StepArg ? constInt(StepArg, Ctx) : 1;
   if (!Self.Sizes) {
     // Along dim 0 of a contiguous tensor (with step 1) it stays contiguous.
-    if (D != 0 || Step != 1 || Self.Contig != TensorFact::Yes)
-      return unknownLike(Self);
-    R.Src = nullptr;
-    R.UnitDims = C.Name == "select" ? Self.UnitDims >> 1 : Self.UnitDims & ~1u;
+    if (D != 0 || Step != 1 || Self.Contig != TensorFact::Yes) {
+      R = unknownLike(Self);
+    } else {
+      R.Src = nullptr;
+      R.UnitDims = C.Name == "select" ? Self.UnitDims >> 1 : Self.UnitDims & ~1u;
+    }
+    if (C.Name != "select" && Step == 1 && D >= 0 && D < 31 && Self.Src &&
+        !((Self.UnitDims >> D) & 1))
+      sliceSpan(C, R, D, ST.sym(Self.Src, D + 1), First);
     return R;
   }
   auto N = normDim(D, Self.Sizes->size());
@@ -424,7 +502,79 @@ TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, siz
   }
   setLayout(R, Sz, St);
   derived(R, Self, C);
+  if (C.Name != "select" && *Step == 1)
+    sliceSpan(C, R, *N, (*Self.Sizes)[*N], First);
   return R;
+}
+
+// The bounds of a step-1 slice of a whole, dense value along dim D (length
+// Len), for the overlap of two slices of one storage.
+void LayoutAnalysis::Impl::sliceSpan(const OpCall &C, TensorFact &R, std::int64_t D,
+                                     const Mono &Len, size_t First) {
+  const TensorFact &Self = C.Self;
+  R.SliceDim = -1;
+  bool Whole = Self.SliceDim < 0 && Self.SwapA < 0 && Self.Contig == TensorFact::Yes;
+  if (!Whole)
+    return;
+  auto Lo = boundOf(C.arg(First), Len, C.S, false);
+  std::optional<TensorFact::Bound> Hi;
+  if (C.Name == "narrow") {
+    auto N = boundOf(C.arg(First + 1), Len, C.S, false);
+    if (Lo && N && (Lo->Base.isConst() || N->Base.isConst()))
+      Hi = TensorFact::Bound{Lo->Base.isConst() ? N->Base : Lo->Base, Lo->Off + N->Off};
+  } else {
+    Hi = boundOf(C.arg(First + 1), Len, C.S, true);
+  }
+  if (!Lo || !Hi)
+    return;
+  R.SliceDim = (int)D;
+  R.Lo = *Lo;
+  R.Hi = *Hi;
+}
+
+// A slice bound: a constant (negative: from the end), a run-time size
+// (`n - 1`) plus or minus a constant, or absent (the start / the end).
+std::optional<TensorFact::Bound> LayoutAnalysis::Impl::boundOf(const Expr *E, const Mono &Len,
+                                                               State &S, bool End) {
+  using Bound = TensorFact::Bound;
+  // From the end of a dimension of known length: a constant.
+  auto Resolve = [&](Bound B) {
+    if (B.Base == Len && Len.isConst())
+      B = Bound{Mono::constant(0), std::clamp<std::int64_t>(Len.Num + B.Off, 0, Len.Num)};
+    else if (B.Base.isConst() && Len.isConst())
+      B.Off = std::min(B.Off, Len.Num);
+    return B;
+  };
+  if (!E)
+    return Resolve(End ? Bound{Len, 0} : Bound{});
+  if (auto V = constInt(E, Ctx)) {
+    if (*V == INT64_MAX)
+      return Resolve(Bound{Len, 0});
+    return Resolve(*V < 0 ? Bound{Len, *V} : Bound{Mono::constant(0), *V});
+  }
+  for (int I = 0; I < 4; ++I) { // through std::optional<int64_t>
+    E = E->IgnoreImplicit();
+    const auto *CE = dyn_cast<CXXConstructExpr>(E);
+    if (!CE || CE->getNumArgs() != 1)
+      break;
+    E = CE->getArg(0);
+  }
+  E = E->IgnoreParenImpCasts();
+  std::int64_t Off = 0;
+  if (const auto *BO = dyn_cast<BinaryOperator>(E);
+      BO && (BO->getOpcode() == BO_Sub || BO->getOpcode() == BO_Add)) {
+    auto K = constInt(BO->getRHS(), Ctx);
+    if (!K)
+      return std::nullopt;
+    Off = BO->getOpcode() == BO_Sub ? -*K : *K;
+    E = BO->getLHS();
+  }
+  Mono Base = evalInt(E, S);
+  if (Base.Top || Base.Den != 1)
+    return std::nullopt;
+  if (Base.isConst())
+    return Resolve(Bound{Mono::constant(0), Base.Num + Off});
+  return Resolve(Bound{ST.norm(Base), Off});
 }
 
 Mono LayoutAnalysis::Impl::sliceLength(const OpCall &C, const Mono &Len, size_t First,
@@ -551,7 +701,7 @@ TensorFact LayoutAnalysis::Impl::expandOp(const OpCall &C) {
   std::optional<Shape> NS = expandTarget(C);
   Shape InSz, InSt;
   if (!NS || !expandInput(Self, *NS, InSz, InSt))
-    return unknownLike(Self);
+    return expandedUnknown(C, NS);
   size_t Lead = NS->size() - InSz.size();
   Shape Sz(NS->size()), St(NS->size());
   for (size_t I = 0; I < NS->size(); ++I) {
@@ -577,6 +727,32 @@ TensorFact LayoutAnalysis::Impl::expandOp(const OpCall &C) {
   TensorFact R = Self;
   setLayout(R, Sz, St);
   derived(R, Self, C);
+  for (size_t I = 0; I < Sz.size(); ++I) {
+    if (!St[I].isConst(0) || Sz[I].isConst(1) || Sz[I].isConst(0))
+      continue;
+    R.Broadcast = true;
+    R.BroadcastAssumed |= !Sz[I].isConst(); // a run-time size, taken as > 1
+  }
+  R.ExpandCall = R.Broadcast ? C.Call : nullptr;
+  if (!R.Broadcast)
+    R.BroadcastAssumed = false;
+  return R;
+}
+
+// An expand whose input or target the analysis cannot line up (rank
+// unknown): code expands to broadcast, so a dimension is taken as expanded,
+// unless every target size is -1 (keep) or a literal 1.
+TensorFact LayoutAnalysis::Impl::expandedUnknown(const OpCall &C, const std::optional<Shape> &NS) {
+  TensorFact R = unknownLike(C.Self);
+  auto Keeps = [](std::optional<std::int64_t> V) { return V == -1 || V == 1; };
+  llvm::SmallVector<const Expr *, 4> Elts;
+  if (C.Name == "expand" && intList(C.arg(0), Elts) &&
+      llvm::all_of(Elts, [&](const Expr *X) { return Keeps(constInt(X, Ctx)); }))
+    return R;
+  if (NS && llvm::all_of(*NS, [&](const Mono &M) { return M.isConst() && Keeps(M.Num); }))
+    return R;
+  R.Broadcast = R.BroadcastAssumed = true;
+  R.ExpandCall = C.Call;
   return R;
 }
 
@@ -591,8 +767,7 @@ static bool hasStrideZero(const TensorFact &F) {
 TensorFact LayoutAnalysis::Impl::cloneOp(const OpCall &C) {
   // preserve_format keeps the strides of a dense tensor; an expanded one
   // comes back contiguous.
-  TensorFact R = C.Self;
-  R.Src = C.Call;
+  TensorFact R = C.Self; // same sizes: Src (their identity) stays
   if (hasStrideZero(C.Self))
     setContiguous(R, *C.Self.Sizes);
   if (const Expr *Fmt = C.arg(0); Fmt && !dtypeIn(Fmt).Size) {
@@ -664,6 +839,10 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
     Conversions[C.Call] = Q;
   }
   TensorFact R = Self;
+  // Storage: the input's when the conversion returns it, new when it copies.
+  R.Root = DevPart == Changes || DTypePart == Changes                ? C.Call
+           : DevPart == Keeps && DTypePart == Keeps && !T.Unresolved ? Self.Root
+                                                                     : nullptr;
   if (T.Device != TensorFact::AnyDevice) {
     R.Device = T.Device;
     R.DeviceAssumed = false;

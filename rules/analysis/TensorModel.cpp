@@ -94,6 +94,15 @@ const Expr *TensorModel::inPlaceTarget(const Expr *E) const {
   return isTensorExpr(Self) ? Self : nullptr;
 }
 
+const Expr *TensorModel::tensorOperand(const Expr *A) const {
+  if (isTensorExpr(A))
+    return A;
+  const auto *CE = A ? dyn_cast<CXXConstructExpr>(A->IgnoreImplicit()) : nullptr;
+  if (CE && CE->getNumArgs() >= 1 && isTensorExpr(CE->getArg(0)))
+    return CE->getArg(0);
+  return nullptr;
+}
+
 bool TensorModel::isMetadataMethod(llvm::StringRef Name) {
   return llvm::StringSwitch<bool>(Name)
       .Cases("size", "sizes", "dim", "ndimension", "numel", "dtype", "scalar_type", true)

@@ -41,6 +41,10 @@ public:
   // rvalue-qualified operator= copies into the storage).
   const Expr *inPlaceTarget(const Expr *E) const;
 
+  // The tensor an argument passes (through a wrapper built from it, e.g. the
+  // runtime's LocatedTensor of `a += b`), or nullptr when it passes none.
+  const Expr *tensorOperand(const Expr *A) const;
+
   // Methods that read only metadata (shape, dtype, device, flags), never data.
   static bool isMetadataMethod(llvm::StringRef Name);
 

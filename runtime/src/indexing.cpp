@@ -4,6 +4,8 @@
 #include "autograd.h"
 #include "internal.h"
 
+#include <cstdio>
+
 namespace tt {
 namespace indexing {
 
@@ -186,12 +188,30 @@ Tensor gather(const Tensor &src, std::int64_t d, const Tensor &index) {
   return out;
 }
 
+// PyTorch 1.13 only warns (once) before index_put_ into an expanded tensor:
+// the write goes to the shared elements.
+void warnIfExpanded(const Tensor &self) {
+  static bool warned = false;
+  const TensorImpl &t = *self.unsafeGetTensorImpl();
+  if (warned || t.is_non_overlapping_and_dense())
+    return;
+  for (std::size_t i = 0; i < t.sizes.size(); ++i)
+    if (t.strides[i] == 0 && t.sizes[i] > 1) {
+      warned = true;
+      std::fprintf(stderr, "UserWarning: Use of index_put_ on expanded tensors is deprecated. Please clone() the "
+                           "tensor before performing this operation. This also applies to advanced indexing e.g. "
+                           "tensor[indices] = tensor\n");
+      return;
+    }
+}
+
 // dst[..., index, ...] = rhs (broadcast), one version bump.
 void scatter(const Tensor &self, const Tensor &dst, std::int64_t d, const Tensor &index, const Tensor &rhs) {
   if (autograd::shouldRecord({&self, &rhs}))
     fail("tt: index_put_ with a tensor index on tensors that require grad is not supported");
   autograd::checkInplace(self);
-  assertNoInternalOverlap(*self.unsafeGetTensorImpl());
+  warnIfExpanded(self);
+  assertNoPartialOverlap(*self.unsafeGetTensorImpl(), *rhs.unsafeGetTensorImpl());
   Positions p = positionsOf(dst, d, index);
   std::int64_t m = static_cast<std::int64_t>(p.at.size());
   std::vector<std::int64_t> pre(dst.sizes().begin(), dst.sizes().begin() + d);

@@ -124,6 +124,8 @@ std::vector<std::int64_t> broadcastStrides(const TensorImpl &t, IntArrayRef shap
 void copyData(const Tensor &dst, const Tensor &src, CopyKind kind, bool non_blocking = false);
 // Checks that writing to t is not into an overlapping (expanded) layout.
 void assertNoInternalOverlap(const TensorImpl &t);
+// Checks that an input of an in-place op does not partially overlap its output.
+void assertNoPartialOverlap(const TensorImpl &out, const TensorImpl &in);
 // Bumps t's version counter (and traces the write).
 void bumpVersion(const Tensor &t, const char *op, std::uint32_t before);
 

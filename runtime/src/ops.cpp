@@ -287,6 +287,8 @@ Tensor &inplace(const Tensor &self, const char *name, std::initializer_list<cons
   autograd::checkInplace(self);
   if (std::strcmp(name, "fill_") != 0 && std::strcmp(name, "zero_") != 0) // as PyTorch 1.13
     assertNoInternalOverlap(*self.unsafeGetTensorImpl());
+  for (const Tensor *o : others)
+    assertNoPartialOverlap(*self.unsafeGetTensorImpl(), *o->unsafeGetTensorImpl());
   if (!detail_views::canCastTo(resultType, self.dtype()))
     fail(std::string("result type ") + toString(resultType) + " can't be cast to the desired output type " +
          toString(self.dtype()));

@@ -371,6 +371,23 @@ void assertNoInternalOverlap(const TensorImpl &t) {
            "location. Please clone() the tensor before performing the operation.");
 }
 
+// at::assert_no_partial_overlap (aten/src/ATen/MemoryOverlap.cpp, 1.13):
+// only two non-overlapping, dense tensors of one storage are compared; the
+// same span in another order, or intersecting spans, is partial overlap.
+void assertNoPartialOverlap(const TensorImpl &a, const TensorImpl &b) {
+  if (&a == &b || a.numel() == 0 || b.numel() == 0 || a.storage != b.storage)
+    return;
+  if (!a.is_non_overlapping_and_dense() || !b.is_non_overlapping_and_dense())
+    return; // "too hard": PyTorch runs the op
+  const char *ab = a.data(), *bb = b.data();
+  const char *ae = ab + a.numel() * static_cast<std::int64_t>(elementSize(a.dtype));
+  const char *be = bb + b.numel() * static_cast<std::int64_t>(elementSize(b.dtype));
+  bool partial = (ab == bb && ae == be) ? a.strides != b.strides : (ab < be && bb < ae);
+  if (partial)
+    fail("unsupported operation: some elements of the input tensor and the written-to tensor refer to a single "
+         "memory location. Please clone() the tensor before performing the operation.");
+}
+
 void bumpVersion(const Tensor &t, const char *op, std::uint32_t before) {
   TensorImpl &impl = *t.unsafeGetTensorImpl();
   std::uint32_t after = impl.version->version.fetch_add(1, std::memory_order_relaxed) + 1;

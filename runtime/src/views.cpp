@@ -654,6 +654,7 @@ Tensor Tensor::contiguous(MemoryFormat, SourceLocation loc) const {
 Tensor &Tensor::copy_(const Tensor &src, bool non_blocking, SourceLocation loc) const {
   trace::Scope scope("copy_", loc);
   checkWritable(*this);
+  assertNoPartialOverlap(*unsafeGetTensorImpl(), *src.unsafeGetTensorImpl());
   std::vector<std::int64_t> b = broadcastShapes(sizes(), src.sizes());
   if (!sizes().equals(b))
     fail("output with shape " + shapeString(sizes()) + " doesn't match the broadcast shape " + shapeString(b));

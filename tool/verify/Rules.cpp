@@ -52,14 +52,42 @@ const char *plural(std::uint64_t N, const char *S = "s") { return N == 1 ? "" : 
 
 // ------------------------------------------------------- view that throws --
 
-HazardJudgement viewHazard(const HazardInput &In, json::Object &) {
+// An op that throws: the error event at the finding's line is the evidence.
+HazardJudgement errorHazard(const HazardInput &In, StringRef What) {
   HazardJudgement J;
   J.Verdict = In.Err ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
   J.Evidence.push_back(In.Err ? formatv("{0} at {1} threw \"{2}\"",
-                                        In.Err->Op.empty() ? "view" : In.Err->Op, In.Where,
+                                        In.Err->Op.empty() ? What : StringRef(In.Err->Op), In.Where,
                                         In.Err->Message)
                                     .str()
-                              : "view at " + In.Where + " ran without error");
+                              : What.str() + " at " + In.Where + " ran without error");
+  return J;
+}
+
+HazardJudgement viewHazard(const HazardInput &In, json::Object &) {
+  return errorHazard(In, "view");
+}
+
+// A write into an expanded tensor, or one whose input partially overlaps its
+// output, throws. An overlap PyTorch cannot detect runs: nothing to confirm.
+// Where PyTorch cannot detect the overlap the op runs: the evidence is an op
+// that read the storage it wrote through another tensor than its output.
+HazardJudgement overlapWriteHazard(const HazardInput &In, json::Object &Figures) {
+  HazardJudgement J = errorHazard(In, "the in-place write");
+  if (In.Err || !In.Typed || In.Typed->Hazard != HazardKind::OverlapOrderDependent)
+    return J;
+  for (const Event *E : In.At) {
+    if (E->Kind != EventKind::Op || E->Out < 0 || llvm::count(E->Inputs, E->Out) < 2)
+      continue;
+    Figures["written_storage"] = E->Out;
+    J.Verdict = HazardVerdict::Confirmed;
+    J.Evidence.back() =
+        formatv("{0} at {1} read the storage #{2} it wrote (an overlap PyTorch does not detect: "
+                "the result depends on the order of the writes)",
+                E->Op, In.Where, E->Out)
+            .str();
+    break;
+  }
   return J;
 }
 
@@ -227,6 +255,8 @@ const CheckRule Rules[] = {
     {"tensor-view-non-contiguous", HazardKind::ViewThrows, false, viewHazard, viewFix},
     {"tensor-reshape-non-contiguous", HazardKind::ImplicitCopy, false, reshapeHazard, reshapeFix},
     {"tensor-clone-in-loop", HazardKind::LoopInvariantCopy, false, loopCopyHazard, loopCopyFix},
+    {"tensor-inplace-on-expanded", HazardKind::ExpandedWrite, false, overlapWriteHazard, viewFix},
+    {"tensor-inplace-overlap", HazardKind::OverlapThrows, true, overlapWriteHazard, viewFix},
 };
 
 } // namespace

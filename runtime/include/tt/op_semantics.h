@@ -67,6 +67,28 @@ constexpr bool isUnsupported(std::string_view name) {
   return false;
 }
 
+// In-place ops PyTorch does not reject on an expanded tensor (a stride-0
+// dimension of size > 1): TT_EXPANDED_WRITE rows. Every other in-place op raises.
+enum class ExpandedWrite : std::uint8_t { Raises, Accepted, Deprecated };
+struct ExpandedWriteRow {
+  std::string_view name;
+  ExpandedWrite verdict;
+};
+inline constexpr ExpandedWriteRow kExpandedWrites[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_EXPANDED_WRITE(Name, V) {#Name, ExpandedWrite::V},
+#include "tt/ops.def"
+#undef TT_EXPANDED_WRITE
+#undef TT_OP
+};
+
+constexpr ExpandedWrite expandedWrite(std::string_view name) {
+  for (const ExpandedWriteRow &r : kExpandedWrites)
+    if (r.name == name)
+      return r.verdict;
+  return ExpandedWrite::Raises;
+}
+
 // Every method whose name ends in '_' (but not "__") writes self in place, by
 // the PyTorch naming convention, even when it is not in the table.
 constexpr bool isInPlaceName(std::string_view name) {

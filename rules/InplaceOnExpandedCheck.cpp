@@ -1,0 +1,58 @@
+#include "InplaceOnExpandedCheck.h"
+
+#include "analysis/LayoutCheckSupport.h"
+
+#include "clang/AST/ExprCXX.h"
+#include "clang/ASTMatchers/ASTMatchFinder.h"
+
+using namespace clang::ast_matchers;
+
+namespace clang::tidy::tensor {
+
+// The op that made the tensor expanded, for messages.
+static std::string expandName(const TensorFact &F) {
+  if (const FunctionDecl *FD = F.ExpandCall ? F.ExpandCall->getDirectCallee() : nullptr)
+    return FD->getNameAsString();
+  return "expand";
+}
+
+void InplaceOnExpandedCheck::check(const MatchFinder::MatchResult &Result) {
+  const auto *Write = Result.Nodes.getNodeAs<CallExpr>("write");
+  std::string Op = Write ? writeOpName(Write, Model) : "";
+  // fill_/zero_ and metadata ops run; masked_fill_/index_put_ only warn.
+  if (Op.empty() || sem::expandedWrite(Op) != sem::ExpandedWrite::Raises)
+    return;
+  const Expr *Target = Model.inPlaceTarget(Write);
+  const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Write);
+  const TensorFact *F = LA ? LA->factOf(Target) : nullptr;
+  if (!F || !F->Broadcast)
+    return;
+  SourceLocation Loc = reportLoc(Write);
+  if (!Reported.first(Loc))
+    return;
+  std::string Expand = expandName(*F);
+  std::string Msg = "in-place '" + Op + "' on a tensor expanded by '" + Expand +
+                    "' throws at run time: its elements along a stride-0 dimension share "
+                    "one memory location ('unsupported operation: more than one element of "
+                    "the written-to tensor refers to a single memory location. Please clone() "
+                    "the tensor before performing the operation.')";
+  if (F->BroadcastAssumed)
+    Msg += "; assuming '" + Expand + "' broadcasts a dimension to a size > 1, as nearly all do";
+  std::optional<FixItHint> Fix;
+  if (F->ExpandCall)
+    Fix = cloneAfter(F->ExpandCall, *Result.Context);
+  {
+    auto D = diag(Loc, Msg, F->BroadcastAssumed ? DiagnosticIDs::Warning : DiagnosticIDs::Error);
+    if (Fix)
+      D << *Fix;
+    emitFinding(writeLayoutFinding(getID(), HazardKind::ExpandedWrite, Write, Loc, *F,
+                                   Fix ? FixKind::CloneAtExpand : FixKind::None,
+                                   *Result.SourceManager));
+  }
+  if (F->ExpandCall && !Result.SourceManager->isPointWithin(
+                           F->ExpandCall->getExprLoc(), Write->getBeginLoc(), Write->getEndLoc()))
+    diag(F->ExpandCall->getExprLoc(),
+         "expanded here; '.clone()' gives the tensor memory of its own", DiagnosticIDs::Note);
+}
+
+} // namespace clang::tidy::tensor

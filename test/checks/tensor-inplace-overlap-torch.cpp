@@ -1,0 +1,91 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-inplace-overlap %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-inplace-overlap %t.plugin -- --quiet --fix-errors -- %torch_include
+#include <torch/torch.h>
+
+using torch::Tensor;
+
+// ===== positives ============================================================
+
+void symmetrise(Tensor &adj) {
+  adj.add_(adj.t());
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: error: in-place 'add_' reads a tensor that partially overlaps the one it writes: throws at run time ('unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location. Please clone() the tensor before performing the operation.'); assuming the tensor is contiguous and its sizes exceed the offsets, as nearly all do [tensor-inplace-overlap]
+  // CHECK-FIXES: {{^}}  adj.add_(adj.t().clone());{{$}}
+}
+
+void tie(Tensor &w) {
+  w.copy_(w.t());
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'copy_' reads a tensor that partially overlaps
+}
+
+void compound(Tensor &x) {
+  x += x.transpose(0, 1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'add_' reads a tensor that partially overlaps
+  // CHECK-FIXES: {{^}}  x += x.transpose(0, 1).clone();{{$}}
+}
+
+void shift(const Tensor &b) {
+  int64_t n = b.size(0);
+  b.narrow(0, 1, n - 1).copy_(b.narrow(0, 0, n - 1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:25: error: in-place 'copy_' reads a tensor that partially overlaps
+}
+
+void rollLeft(const Tensor &frames) {
+  auto k = frames.size(0);
+  frames.narrow(0, 0, k - 1).copy_(frames.narrow(0, 1, k - 1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: error: in-place 'copy_' reads a tensor that partially overlaps
+}
+
+void diff(const Tensor &x) {
+  x.slice(0, 1).sub_(x.slice(0, 0, -1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:17: error: in-place 'sub_' reads a tensor that partially overlaps
+}
+
+void returns(const Tensor &r, int64_t T, double gamma) {
+  r.narrow(0, 0, T - 1).add_(r.narrow(0, 1, T - 1), gamma);
+  // CHECK-MESSAGES: :[[@LINE-1]]:25: error: in-place 'add_' reads a tensor that partially overlaps
+}
+
+void lerp(Tensor &x) {
+  x.lerp_(x.t(), 0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'lerp_' reads a tensor that partially overlaps
+}
+
+void windowSlide(const Tensor &cache, int64_t L) {
+  cache.narrow(2, 0, L - 1).copy_(cache.narrow(2, 1, L - 1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:29: warning: in-place 'copy_' reads a tensor that partially overlaps the one it writes (overlapping slices along dimension 2): PyTorch cannot detect it and the result depends on the order in which elements are written
+}
+
+// ===== negatives ============================================================
+
+void full(Tensor &x) {
+  x.add_(x);
+  x.mul_(x.t().t());
+}
+
+void cloned(Tensor &x) { x.add_(x.t().clone()); }
+
+void fresh(Tensor &x) {
+  x.copy_(0.5 * (x + x.t()));
+  x = x + x.t();
+}
+
+void disjoint(const Tensor &b) {
+  b.narrow(0, 0, 2).copy_(b.narrow(0, 2, 2));
+  auto n = b.size(0);
+  b.narrow(0, 0, n / 2).add_(b.narrow(0, n / 2, n / 2));
+}
+
+void rows(const Tensor &r) {
+  for (int64_t t = r.size(0) - 2; t >= 0; --t)
+    r[t].add_(r[t + 1], 0.9);
+}
+
+void others(const Tensor &a, const Tensor &b) {
+  a.add_(b.t());
+  a.narrow(0, 1, 2).copy_(b.narrow(0, 0, 2));
+}
+
+void maskedScatterDoesNotCheck(Tensor &x) { x.masked_scatter_(x > 0, x.t()); }
+
+void rolled(Tensor &f) { f = torch::roll(f, -1, 0); }
