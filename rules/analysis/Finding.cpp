@@ -26,6 +26,8 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::ViewThrows, "view-throws"},
     {HazardKind::ImplicitCopy, "implicit-copy"},
     {HazardKind::LoopInvariantCopy, "loop-invariant-copy"},
+    {HazardKind::NarrowingCopy, "narrowing-copy"},
+    {HazardKind::DeviceMismatch, "device-mismatch"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -37,6 +39,8 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::UseSource, "use-source"},
     {FixKind::HoistOutOfLoop, "hoist-out-of-loop"},
     {FixKind::HoistAndCopyInto, "hoist-and-copy-into"},
+    {FixKind::ExplicitConvert, "explicit-convert"},
+    {FixKind::ToOtherDevice, "to-other-device"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -51,6 +55,10 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::Escapes, "escapes"},
     {Fact::LoopInvariant, "loop-invariant"},
     {Fact::WrittenInLoop, "written-in-loop"},
+    {Fact::DTypesKnown, "dtypes-known"},
+    {Fact::AssumedFloat32, "assumed-float32"},
+    {Fact::DevicesKnown, "devices-known"},
+    {Fact::ModuleMoved, "module-moved"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},

@@ -37,6 +37,8 @@ enum class HazardKind {
   ViewThrows,         // view() on a non-viewable layout throws
   ImplicitCopy,       // reshape/flatten silently copies
   LoopInvariantCopy,  // a copy of a loop-invariant tensor on every iteration
+  NarrowingCopy,      // copy_ silently converts to a narrower dtype
+  DeviceMismatch,     // an op combines tensors on two devices: throws
 };
 
 /// What the offered fix-it does (None: no fix-it).
@@ -50,6 +52,8 @@ enum class FixKind {
   UseSource,        // x.clone() -> x (never written)
   HoistOutOfLoop,   // the declaration moves before the loop
   HoistAndCopyInto, // one buffer before the loop, copy_ into it
+  ExplicitConvert,  // copy_(src) -> copy_(src.to(dst.scalar_type()))
+  ToOtherDevice,    // x -> x.to(other.device())
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
@@ -67,6 +71,10 @@ enum class Fact {
   Escapes,           // the changed handle escapes (returned, stored, passed)
   LoopInvariant,     // the copied value does not change in the loop
   WrittenInLoop,     // the copy is written inside the loop
+  DTypesKnown,       // both dtypes are shown by the code
+  AssumedFloat32,    // a source of unknown dtype taken as float32
+  DevicesKnown,      // both devices are shown by the code
+  ModuleMoved,       // a module's parameters were moved to the device
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line
