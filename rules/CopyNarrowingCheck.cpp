@@ -231,8 +231,8 @@ void CopyNarrowingCheck::report(const Copy &C, const MatchFinder::MatchResult &R
   {
     auto Diag = diag(C.Loc, Msg, DiagnosticIDs::Warning);
     if (!Fix.empty())
-      Diag << FixItHint::CreateReplacement(
-          CharSourceRange::getTokenRange(C.Src->getSourceRange()), Fix);
+      Diag << FixItHint::CreateReplacement(CharSourceRange::getTokenRange(C.Src->getSourceRange()),
+                                           Fix);
   }
   Finding F;
   F.Check = getID().str();

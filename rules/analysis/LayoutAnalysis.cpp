@@ -289,46 +289,9 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   return unknownFact();
 }
 
-static llvm::StringRef comparisonOp(OverloadedOperatorKind K) {
-  switch (K) {
-  case OO_Greater:
-    return "gt";
-  case OO_Less:
-    return "lt";
-  case OO_GreaterEqual:
-    return "ge";
-  case OO_LessEqual:
-    return "le";
-  case OO_EqualEqual:
-    return "eq";
-  default:
-    return "ne";
-  }
-}
-
 TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, State &S) {
-  llvm::StringRef Name;
+  llvm::StringRef Name = operatorOpName(OC);
   switch (OC->getOperator()) {
-  case OO_Plus:
-    Name = "add";
-    break;
-  case OO_Minus:
-    Name = OC->getNumArgs() == 1 ? "neg" : "sub";
-    break;
-  case OO_Star:
-    Name = "mul";
-    break;
-  case OO_Slash:
-    Name = "div";
-    break;
-  case OO_Greater:
-  case OO_Less:
-  case OO_GreaterEqual:
-  case OO_LessEqual:
-  case OO_EqualEqual:
-  case OO_ExclaimEqual:
-    Name = comparisonOp(OC->getOperator());
-    break;
   case OO_Equal:
     // `dst[i] = src` / `dst.index(...) = src`: a copy_ into the view.
     if (Recording && OC->getNumArgs() == 2 && Model.isTensorExpr(OC->getArg(1))) {
@@ -348,7 +311,8 @@ TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, Sta
     }
     [[fallthrough]];
   default:
-    return Model.isTensorExpr(OC) ? assumedResult(OC) : unknownFact();
+    if (Name.empty())
+      return Model.isTensorExpr(OC) ? assumedResult(OC) : unknownFact();
   }
   if (!OC->getNumArgs())
     return unknownFact();
@@ -729,6 +693,10 @@ void LayoutAnalysis::Impl::assertionFacts(const Expr *E, State &S) {
 void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
   if (Recording && Model.isTensorExpr(Call))
     (void)evalTensor(Call, S);
+  if (Recording) // tensors passed to any call (`model->forward(x)`), before the call
+    for (const Expr *A : Call->arguments())
+      if (!Facts.count(A) && Model.isTensorExpr(A))
+        Facts[A] = evalTensor(A, S);
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
       OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
     const VarDecl *V = varOf(OC->getArg(0));

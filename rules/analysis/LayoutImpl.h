@@ -55,7 +55,7 @@ struct ConversionTarget {
   layout::DTypeName DType;
   TensorFact::DeviceKind Device = TensorFact::AnyDevice;
   bool DeviceRuntime = false; // the device is a run-time value
-  bool Unresolved = false; // a dtype or options the analysis cannot read
+  bool Unresolved = false;    // a dtype or options the analysis cannot read
 };
 
 /// A new shape argument: its sizes, and which one was -1 (inferred).
