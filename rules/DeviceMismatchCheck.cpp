@@ -202,8 +202,8 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
     Es.push_back(MC->getImplicitObjectArgument());
   for (const Expr *A : Call->arguments())
-    if (Model.isTensorExpr(A))
-      Es.push_back(A);
+    if (const Expr *T = Model.tensorOperand(A))
+      Es.push_back(T);
   if (Es.size() < 2)
     return;
   const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Call);
@@ -222,7 +222,9 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
   }
   if (!Cpu || !Cuda)
     return;
-  const Expr *CudaName = nameOf(Cuda) ? stripHandle(Cuda) : nullptr;
+  // Moving the tensor an in-place op writes would write a temporary: no fix-it.
+  bool WritesCpu = Op->storage == sem::Storage::InPlace && Cpu == Es.front();
+  const Expr *CudaName = nameOf(Cuda) && !WritesCpu ? stripHandle(Cuda) : nullptr;
   std::string CudaText = textOf(Cuda, *Result.Context);
   std::string OpName = OC ? "'" + std::string(getOperatorSpelling(OC->getOperator())) + "'"
                           : "'" + std::string(Op->name) + "'";

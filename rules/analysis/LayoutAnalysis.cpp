@@ -355,8 +355,8 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
   const sem::OpInfo *Op = sem::lookup(Name);
   if (Recording) // the operands' facts, for checks that compare them (dtype, device)
     for (const Expr *A : Args)
-      if (Model.isTensorExpr(A))
-        Facts[A] = evalTensor(A, S);
+      if (const Expr *T = Model.tensorOperand(A))
+        Facts[T] = evalTensor(T, S);
   if (Op && Op->storage == sem::Storage::InPlace) {
     if (!SelfE)
       return unknownFact();
@@ -695,8 +695,8 @@ void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
     (void)evalTensor(Call, S);
   if (Recording) // tensors passed to any call (`model->forward(x)`), before the call
     for (const Expr *A : Call->arguments())
-      if (!Facts.count(A) && Model.isTensorExpr(A))
-        Facts[A] = evalTensor(A, S);
+      if (const Expr *T = Model.tensorOperand(A); T && !Facts.count(T))
+        Facts[T] = evalTensor(T, S);
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
       OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
     const VarDecl *V = varOf(OC->getArg(0));

@@ -34,6 +34,15 @@ bool TensorModel::isTensorType(QualType T) const {
 
 bool TensorModel::isTensorExpr(const Expr *E) const { return E && isTensorType(E->getType()); }
 
+const Expr *TensorModel::tensorOperand(const Expr *E) const {
+  if (isTensorExpr(E))
+    return E;
+  const auto *CE = E ? dyn_cast<CXXConstructExpr>(E->IgnoreImplicit()) : nullptr;
+  if (CE && CE->getNumArgs() >= 1 && !CE->isListInitialization() && isTensorExpr(CE->getArg(0)))
+    return CE->getArg(0);
+  return nullptr;
+}
+
 const Expr *TensorModel::selfOf(const CallExpr *Call) {
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
     return MC->getImplicitObjectArgument();

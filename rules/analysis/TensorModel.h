@@ -24,6 +24,10 @@ public:
   // True for a tensor handle type (also through references, cv and sugar).
   bool isTensorType(QualType T) const;
   bool isTensorExpr(const Expr *E) const;
+  // The tensor an operand passes: E itself, or the tensor a wrapper is
+  // implicitly built from (tt's operators take `detail::LocatedTensor`);
+  // nullptr when E is no tensor.
+  const Expr *tensorOperand(const Expr *E) const;
 
   // The table row for a member call on a tensor (or a free function taking a
   // tensor first), or nullptr when the callee is not a tensor op we know.
