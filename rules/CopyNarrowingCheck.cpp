@@ -182,7 +182,7 @@ static std::string fixText(const CopyNarrowingCheck::Copy &C, const SourceManage
                                 Ctx.getLangOpts())
         .str();
   };
-  const Expr *Src = C.Src->IgnoreImplicit();
+  const Expr *Src = stripHandle(C.Src);
   const auto *OC = dyn_cast<CXXOperatorCallExpr>(Src);
   bool Postfix = OC ? OC->getOperator() == OO_Subscript || OC->getOperator() == OO_Call
                     : isa<DeclRefExpr, MemberExpr, CallExpr, ParenExpr>(Src);

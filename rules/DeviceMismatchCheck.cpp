@@ -257,7 +257,7 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
   if (!Reported.first(M.Loc))
     return;
   std::string CpuText = textOf(M.Cpu, Ctx);
-  const Expr *Cpu = M.Cpu->IgnoreImplicit();
+  const Expr *Cpu = stripHandle(M.Cpu);
   const auto *COC = dyn_cast<CXXOperatorCallExpr>(Cpu);
   bool Postfix = COC ? COC->getOperator() == OO_Subscript
                      : isa<DeclRefExpr, MemberExpr, CallExpr, ParenExpr>(Cpu);

@@ -5,11 +5,11 @@
 
 #include "AliasThenMutateCheck.h"
 #include "CloneInLoopCheck.h"
+#include "CopyNarrowingCheck.h"
+#include "DeviceMismatchCheck.h"
 #include "InplaceOnDetachedCheck.h"
 #include "ReshapeNonContiguousCheck.h"
 #include "ViewNonContiguousCheck.h"
-#include "CopyNarrowingCheck.h"
-#include "DeviceMismatchCheck.h"
 
 namespace clang::tidy::tensor {
 

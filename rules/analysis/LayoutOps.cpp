@@ -729,11 +729,13 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   sem::ResultDType Rule = sem::resultDType(C.Name);
   // div with a rounding mode keeps integers.
   bool Floating = Rule == sem::ResultDType::Floating && !(C.Name == "div" && C.arg(1));
-  auto Set = [&R, Floating](DTypeName D, bool Assumed) {
+  // Floating for certain: made so by this op, or by one before it (x.softmax(1).mul(10)).
+  bool KeepsFloating = C.Self.FloatingOp && Rule == sem::ResultDType::Self;
+  auto Set = [&R, Floating, KeepsFloating](DTypeName D, bool Assumed) {
     R.DType = D.Name;
     R.ElemSize = D.Size;
     R.DTypeAssumed = Assumed;
-    R.FloatingOp = Floating;
+    R.FloatingOp = Floating || (KeepsFloating && isFloatingDType(D.Name));
   };
   if (Rule == sem::ResultDType::Bool || Rule == sem::ResultDType::Long)
     return Set(Rule == sem::ResultDType::Bool ? DTypeName{"Bool", 1} : DTypeName{"Long", 8}, false);
