@@ -679,7 +679,7 @@ TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
 static bool keepsShape(llvm::StringRef Name) {
   return llvm::StringSwitch<bool>(Name)
       .Cases("softmax", "log_softmax", "layer_norm", "masked_fill", "batch_norm", true)
-      .Cases("group_norm", "instance_norm", "cumsum", "cumprod", true)
+      .Cases("group_norm", "instance_norm", "cumsum", "cumprod", "triu", "tril", true)
       .Default(false);
 }
 
