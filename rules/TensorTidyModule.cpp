@@ -5,6 +5,8 @@
 
 #include "AliasThenMutateCheck.h"
 #include "CloneInLoopCheck.h"
+#include "CopyNarrowingCheck.h"
+#include "DeviceMismatchCheck.h"
 #include "InplaceOnDetachedCheck.h"
 #include "ReshapeNonContiguousCheck.h"
 #include "ViewNonContiguousCheck.h"
@@ -23,6 +25,8 @@ public:
     Factories.registerCheck<CloneInLoopCheck>("tensor-clone-in-loop");
     Factories.registerCheck<InplaceOnExpandedCheck>("tensor-inplace-on-expanded");
     Factories.registerCheck<InplaceOverlapCheck>("tensor-inplace-overlap");
+    Factories.registerCheck<CopyNarrowingCheck>("tensor-copy-narrowing");
+    Factories.registerCheck<DeviceMismatchCheck>("tensor-device-mismatch");
   }
 };
 

@@ -48,6 +48,41 @@ const VarDecl *handleVar(const ValueDecl *D) {
   return dyn_cast_or_null<VarDecl>(D);
 }
 
+llvm::StringRef operatorOpName(const CXXOperatorCallExpr *OC) {
+  switch (OC->getOperator()) {
+  case OO_Plus:
+    return "add";
+  case OO_Minus:
+    return OC->getNumArgs() == 1 ? "neg" : "sub";
+  case OO_Star:
+    return "mul";
+  case OO_Slash:
+    return "div";
+  case OO_PlusEqual:
+    return "add_";
+  case OO_MinusEqual:
+    return "sub_";
+  case OO_StarEqual:
+    return "mul_";
+  case OO_SlashEqual:
+    return "div_";
+  case OO_Greater:
+    return "gt";
+  case OO_Less:
+    return "lt";
+  case OO_GreaterEqual:
+    return "ge";
+  case OO_LessEqual:
+    return "le";
+  case OO_EqualEqual:
+    return "eq";
+  case OO_ExclaimEqual:
+    return "ne";
+  default:
+    return "";
+  }
+}
+
 bool isStdMoveLike(const CallExpr *Call) {
   const auto *FD = Call->getDirectCallee();
   return FD && FD->getIdentifier() && FD->isInStdNamespace() && Call->getNumArgs() == 1 &&

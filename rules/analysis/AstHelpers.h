@@ -5,6 +5,7 @@
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/Decl.h"
 #include "clang/AST/Expr.h"
+#include "clang/AST/ExprCXX.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 
@@ -38,6 +39,10 @@ bool isTensorLibraryCode(const Decl *D);
 /// An op of the tensor libraries' API (namespaces tt, at, torch), whose
 /// semantics the op table gives by name.
 bool isTensorApi(const FunctionDecl *FD);
+
+/// The op of the table a tensor operator stands for: `a + b` is add, `a > b`
+/// gt, `a += b` add_; "" for other operators.
+llvm::StringRef operatorOpName(const CXXOperatorCallExpr *OC);
 
 /// The function or lambda call operator whose body contains S (null if none).
 const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx);

@@ -29,6 +29,8 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::ExpandedWrite, "expanded-write"},
     {HazardKind::OverlapThrows, "overlap-throws"},
     {HazardKind::OverlapOrderDependent, "overlap-order-dependent"},
+    {HazardKind::NarrowingCopy, "narrowing-copy"},
+    {HazardKind::DeviceMismatch, "device-mismatch"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -42,6 +44,8 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::HoistAndCopyInto, "hoist-and-copy-into"},
     {FixKind::CloneAtExpand, "clone-at-expand"},
     {FixKind::CloneSource, "clone-source"},
+    {FixKind::ExplicitConvert, "explicit-convert"},
+    {FixKind::ToOtherDevice, "to-other-device"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -58,6 +62,10 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::WrittenInLoop, "written-in-loop"},
     {Fact::ExpandAssumed, "expand-assumed"},
     {Fact::SameStorage, "same-storage"},
+    {Fact::DTypesKnown, "dtypes-known"},
+    {Fact::AssumedFloat32, "assumed-float32"},
+    {Fact::DevicesKnown, "devices-known"},
+    {Fact::ModuleMoved, "module-moved"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},

@@ -40,6 +40,8 @@ enum class HazardKind {
   ExpandedWrite,         // an in-place write into a stride-0 (expanded) dimension throws
   OverlapThrows,         // an in-place op's input partially overlaps its output: throws
   OverlapOrderDependent, // ... where PyTorch cannot tell: the result depends on order
+  NarrowingCopy,      // copy_ silently converts to a narrower dtype
+  DeviceMismatch,     // an op combines tensors on two devices: throws
 };
 
 /// What the offered fix-it does (None: no fix-it).
@@ -55,6 +57,8 @@ enum class FixKind {
   HoistAndCopyInto, // one buffer before the loop, copy_ into it
   CloneAtExpand,    // x.expand(...) -> x.expand(...).clone()
   CloneSource,      // dst.copy_(src) -> dst.copy_(src.clone())
+  ExplicitConvert,  // copy_(src) -> copy_(src.to(dst.scalar_type()))
+  ToOtherDevice,    // x -> x.to(other.device())
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
@@ -74,6 +78,10 @@ enum class Fact {
   WrittenInLoop,     // the copy is written inside the loop
   ExpandAssumed,     // an expand taken as broadcasting (sizes > 1, rank unknown)
   SameStorage,       // both operands are views of one storage
+  DTypesKnown,       // both dtypes are shown by the code
+  AssumedFloat32,    // a source of unknown dtype taken as float32
+  DevicesKnown,      // both devices are shown by the code
+  ModuleMoved,       // a module's parameters were moved to the device
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line

@@ -21,7 +21,8 @@ bool TensorFact::operator==(const TensorFact &O) const {
   return Contig == O.Contig && Assumed == O.Assumed && DTypeAssumed == O.DTypeAssumed &&
          DeviceAssumed == O.DeviceAssumed && AssumedSource == O.AssumedSource &&
          KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
-         ElemSize == O.ElemSize && DType == O.DType && Device == O.Device && SwapA == O.SwapA &&
+         ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
+         DeviceRuntime == O.DeviceRuntime && FloatingOp == O.FloatingOp && SwapA == O.SwapA &&
          SwapB == O.SwapB && UnitDims == O.UnitDims && Src == O.Src && Origin == O.Origin &&
          OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
          BroadcastAssumed == O.BroadcastAssumed && ExpandCall == O.ExpandCall && Root == O.Root &&
@@ -128,8 +129,9 @@ DTypeName dtypeIn(const Stmt *S) {
 
 // The device an argument names: kCPU / "cpu" is the CPU; any other device
 // expression (kCUDA, a torch::Device variable) an accelerator, since code
-// that moves tensors to a device it computes targets one.
-TensorFact::DeviceKind deviceOf(const Expr *A) {
+// that moves tensors to a device it computes targets one. *Runtime is set when
+// the device is a run-time value rather than a constant (it may be the CPU).
+TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime) {
   // Through the implicit conversions to TensorOptions / optional<Device>.
   for (int I = 0; A && I < 6; ++I) {
     A = stripHandle(A)->IgnoreImplicit();
@@ -141,13 +143,22 @@ TensorFact::DeviceKind deviceOf(const Expr *A) {
   }
   if (!A)
     return TensorFact::AnyDevice;
-  if (const auto *DRE = dyn_cast<DeclRefExpr>(A))
-    if (DRE->getDecl()->getIdentifier() && DRE->getDecl()->getName().ends_with("CPU"))
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(A)) {
+    const ValueDecl *D = DRE->getDecl();
+    if (D->getIdentifier() && D->getName().ends_with("CPU"))
       return TensorFact::CPU;
+    const auto *VD = dyn_cast<VarDecl>(D);
+    if (Runtime && !isa<EnumConstantDecl>(D) && !(VD && VD->isConstexpr()))
+      *Runtime = true;
+    return TensorFact::Accelerator;
+  }
   if (const auto *CE = dyn_cast<CXXConstructExpr>(A); CE && CE->getNumArgs() >= 1)
-    return deviceOf(CE->getArg(0)) == TensorFact::CPU ? TensorFact::CPU : TensorFact::Accelerator;
+    return deviceOf(CE->getArg(0), Runtime) == TensorFact::CPU ? TensorFact::CPU
+                                                               : TensorFact::Accelerator;
   if (const auto *S = dyn_cast<StringLiteral>(A))
     return S->getString().starts_with("cpu") ? TensorFact::CPU : TensorFact::Accelerator;
+  if (Runtime)
+    *Runtime = true;
   return TensorFact::Accelerator;
 }
 
@@ -200,6 +211,8 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
     R.DType = A.DType;
   if (A.Device == B.Device)
     R.Device = A.Device;
+  R.DeviceRuntime = A.DeviceRuntime || B.DeviceRuntime;
+  R.FloatingOp = A.FloatingOp && B.FloatingOp;
   if (A.Sizes == B.Sizes && A.Strides == B.Strides) {
     R.Sizes = A.Sizes;
     R.Strides = A.Strides;
@@ -298,20 +311,15 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
 }
 
 TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, State &S) {
-  llvm::StringRef Name;
+  llvm::StringRef Name = operatorOpName(OC);
   switch (OC->getOperator()) {
-  case OO_Plus:
-    Name = "add";
-    break;
-  case OO_Minus:
-    Name = OC->getNumArgs() == 1 ? "neg" : "sub";
-    break;
-  case OO_Star:
-    Name = "mul";
-    break;
-  case OO_Slash:
-    Name = "div";
-    break;
+  case OO_Equal:
+    // `dst[i] = src` / `dst.index(...) = src`: a copy_ into the view.
+    if (Recording && OC->getNumArgs() == 2 && Model.isTensorExpr(OC->getArg(1))) {
+      Facts[OC->getArg(0)] = evalTensor(OC->getArg(0), S);
+      Facts[OC->getArg(1)] = evalTensor(OC->getArg(1), S);
+    }
+    return Model.isTensorExpr(OC) ? assumedResult(OC) : unknownFact();
   case OO_Subscript:
     // `x[i]` with an integer selects along dim 0 (a view); anything else
     // (`outputs[0]` of a container, a tensor index) is a new value.
@@ -326,7 +334,8 @@ TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, Sta
     }
     [[fallthrough]];
   default:
-    return Model.isTensorExpr(OC) ? assumedResult(OC) : unknownFact();
+    if (Name.empty())
+      return Model.isTensorExpr(OC) ? assumedResult(OC) : unknownFact();
   }
   if (!OC->getNumArgs())
     return unknownFact();
@@ -367,8 +376,18 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
                                         const Expr *SelfE, llvm::ArrayRef<const Expr *> Args,
                                         State &S) {
   const sem::OpInfo *Op = sem::lookup(Name);
-  if (Op && Op->storage == sem::Storage::InPlace)
-    return SelfE ? evalTensor(SelfE, S) : unknownFact();
+  if (Recording) // the operands' facts, for checks that compare them (dtype, device)
+    for (const Expr *A : Args)
+      if (const Expr *T = Model.tensorOperand(A))
+        Facts[T] = evalTensor(T, S);
+  if (Op && Op->storage == sem::Storage::InPlace) {
+    if (!SelfE)
+      return unknownFact();
+    TensorFact Self = evalTensor(SelfE, S);
+    if (Recording)
+      Facts[SelfE] = Self;
+    return Self;
+  }
   if (!Op && sem::isInPlaceName(Name))
     return unknownFact(); // an in-place op the table does not describe
   if (!Model.isTensorExpr(Call))
@@ -697,8 +716,13 @@ void LayoutAnalysis::Impl::assertionFacts(const Expr *E, State &S) {
 void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
   if (Recording && Model.isTensorExpr(Call))
     (void)evalTensor(Call, S);
-  if (Recording)
+  if (Recording) {
     recordWrite(Call, S);
+    // tensors passed to any call (`model->forward(x)`), before the call
+    for (const Expr *A : Call->arguments())
+      if (const Expr *T = Model.tensorOperand(A); T && !Facts.count(T))
+        Facts[T] = evalTensor(T, S);
+  }
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
       OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
     const VarDecl *V = varOf(OC->getArg(0));

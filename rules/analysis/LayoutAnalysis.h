@@ -46,6 +46,12 @@ struct TensorFact {
   /// CPU for factories without a device; Accelerator after `cuda()` or `to(d)`
   /// with a device other than kCPU (code that moves tensors targets one).
   DeviceKind Device = AnyDevice;
+  /// The accelerator came from a run-time device value (a torch::Device
+  /// variable, `other.device()`): it may be the CPU.
+  bool DeviceRuntime = false;
+  /// Made by an op whose result is floating point whatever its input's dtype
+  /// (softmax, exp, true division): floating even when DType is unknown.
+  bool FloatingOp = false;
   /// Unknown rank: the (normalised) dims a transpose swapped on a tensor taken
   /// as contiguous; -1 when none.
   int SwapA = -1, SwapB = -1;

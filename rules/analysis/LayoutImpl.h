@@ -19,7 +19,7 @@ struct DTypeName {
 };
 DTypeName dtypeNamed(llvm::StringRef N);
 DTypeName dtypeIn(const Stmt *S);
-TensorFact::DeviceKind deviceOf(const Expr *A);
+TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime = nullptr);
 TensorFact unknownFact();
 TensorFact assumedInput(const void *Src, std::string Source);
 TensorFact freshContiguous(const void *Src);
@@ -54,7 +54,8 @@ struct OpCall {
 struct ConversionTarget {
   layout::DTypeName DType;
   TensorFact::DeviceKind Device = TensorFact::AnyDevice;
-  bool Unresolved = false; // a dtype or options the analysis cannot read
+  bool DeviceRuntime = false; // the device is a run-time value
+  bool Unresolved = false;    // a dtype or options the analysis cannot read
 };
 
 /// A new shape argument: its sizes, and which one was -1 (inferred).
@@ -131,6 +132,7 @@ public:
   TensorFact convertOp(const OpCall &C);
   TensorFact matmulOp(const OpCall &C);
   TensorFact byTable(const OpCall &C);
+  TensorFact byLayout(const OpCall &C);
 
   // Helpers of the handlers.
   // What an op's result keeps of its input whatever the layout: dtype, device.
@@ -140,6 +142,8 @@ public:
     R.Device = Self.Device;
     R.DTypeAssumed = Self.DTypeAssumed;
     R.DeviceAssumed = Self.DeviceAssumed;
+    R.DeviceRuntime = Self.DeviceRuntime;
+    R.FloatingOp = Self.FloatingOp;
     R.KindSource = Self.KindSource;
   }
   TensorFact unknownLike(const TensorFact &Self) const {
@@ -174,6 +178,7 @@ public:
   ConversionTarget targetOf(const OpCall &C);
   std::optional<Shape> broadcast(const Shape &A, const Shape &B) const;
   TensorFact elementwise(const OpCall &C);
+  void resultDType(const OpCall &C, TensorFact &R);
   void prescan(const Stmt *St);
   void assignTensor(const VarDecl *V, const Expr *Init, State &S);
   bool isAsserted(const Expr *E) const;

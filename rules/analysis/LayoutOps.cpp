@@ -116,34 +116,34 @@ void LayoutAnalysis::Impl::derived(TensorFact &R, const TensorFact &Self, const 
 
 // The device TensorOptions built in place name: `.device(d)` / `torch::device(d)`
 // in the chain, else the CPU; options from a variable may name any device.
-static TensorFact::DeviceKind optionsDevice(const Expr *E) {
+static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime) {
   E = stripHandle(E);
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) {
     if (CE->getNumArgs() == 0)
       return TensorFact::CPU;
-    TensorFact::DeviceKind D = deviceOf(CE->getArg(0));
-    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0)) : D;
+    TensorFact::DeviceKind D = deviceOf(CE->getArg(0), &Runtime);
+    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0), Runtime) : D;
   }
   const auto *Call = dyn_cast<CallExpr>(E);
   const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
   if (!FD || !FD->getIdentifier())
     return TensorFact::AnyDevice;
   if (FD->getName() == "device" && Call->getNumArgs() >= 1)
-    return deviceOf(Call->getArg(Call->getNumArgs() - 1));
+    return deviceOf(Call->getArg(Call->getNumArgs() - 1), &Runtime);
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
-    return optionsDevice(MC->getImplicitObjectArgument());
+    return optionsDevice(MC->getImplicitObjectArgument(), Runtime);
   return isTensorApi(FD) ? TensorFact::CPU : TensorFact::AnyDevice; // torch::dtype(...)
 }
 
 // The device a factory's arguments name; CPU when they name none.
-static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args) {
+static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args, bool &Runtime) {
   for (const Expr *A : Args) {
     if (isa<CXXDefaultArgExpr>(A))
       continue;
-    if (TensorFact::DeviceKind D = deviceOf(A); D != TensorFact::AnyDevice)
+    if (TensorFact::DeviceKind D = deviceOf(A, &Runtime); D != TensorFact::AnyDevice)
       return D;
     if (A->getType().getAsString().find("TensorOptions") != std::string::npos)
-      return optionsDevice(A);
+      return optionsDevice(A, Runtime);
   }
   return TensorFact::CPU;
 }
@@ -176,7 +176,7 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   for (const Expr *A : C.Args)
     if (!DT.Size)
       DT = dtypeIn(A);
-  F.Device = factoryDevice(C.Args);
+  F.Device = factoryDevice(C.Args, F.DeviceRuntime);
   std::optional<Shape> Sz;
   bool Integral = false;
   if (llvm::is_contained({"zeros", "ones", "empty", "rand", "randn", "full"}, C.Name)) {
@@ -796,14 +796,18 @@ ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
       TensorFact O = evalTensor(A, C.S);
       T.DType = {O.DType, O.ElemSize};
       T.Device = C.Name == "type_as" ? TensorFact::AnyDevice : O.Device;
+      T.DeviceRuntime = O.DeviceRuntime || O.DeviceAssumed;
       continue;
     }
     DTypeName D = dtypeIn(A);
-    TensorFact::DeviceKind Dev = deviceOf(A);
+    bool Runtime = false;
+    TensorFact::DeviceKind Dev = deviceOf(A, &Runtime);
     if (!T.DType.Size)
       T.DType = D;
-    if (T.Device == TensorFact::AnyDevice)
+    if (T.Device == TensorFact::AnyDevice) {
       T.Device = Dev;
+      T.DeviceRuntime = Runtime;
+    }
     // A dtype or options held in a variable: which conversion is unknown.
     std::string Ty = A->getType().getAsString();
     if (!D.Size && Dev == TensorFact::AnyDevice && !isa<CXXDefaultArgExpr>(A) &&
@@ -846,11 +850,17 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
   if (T.Device != TensorFact::AnyDevice) {
     R.Device = T.Device;
     R.DeviceAssumed = false;
+    R.DeviceRuntime = T.DeviceRuntime;
   }
   if (T.DType.Size) {
     R.DTypeAssumed = false;
     R.DType = T.DType.Name;
     R.ElemSize = T.DType.Size;
+    R.FloatingOp = false;
+  } else if (T.Unresolved) { // to(other.scalar_type()): a dtype known only at run time
+    R.DType = "";
+    R.ElemSize = 0;
+    R.DTypeAssumed = R.FloatingOp = false;
   }
   return R;
 }
@@ -880,6 +890,7 @@ std::optional<Shape> LayoutAnalysis::Impl::broadcast(const Shape &A, const Shape
 TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
   TensorFact R = freshContiguous(C.Call);
   inheritKind(R, C.Self);
+  resultDType(C, R);
   TensorFact O = C.arg(0) ? evalTensor(C.arg(0), C.S) : unknownFact();
   if (!C.Self.Sizes || !O.Sizes || C.Self.Sizes->size() < 2 || O.Sizes->size() < 2)
     return R;
@@ -897,7 +908,7 @@ TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
 static bool keepsShape(llvm::StringRef Name) {
   return llvm::StringSwitch<bool>(Name)
       .Cases("softmax", "log_softmax", "layer_norm", "masked_fill", "batch_norm", true)
-      .Cases("group_norm", "instance_norm", "cumsum", "cumprod", true)
+      .Cases("group_norm", "instance_norm", "cumsum", "cumprod", "triu", "tril", true)
       .Default(false);
 }
 
@@ -924,7 +935,80 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
   return R;
 }
 
+static bool isFloatingDType(llvm::StringRef N) {
+  return llvm::is_contained({"Float", "Double", "Half", "BFloat16"}, N);
+}
+
+// A floating-point number passed as a Scalar (`x * 0.5`, `x.add(t, 0.1)`).
+static bool isFloatScalar(const Expr *A) {
+  for (int I = 0; A && I < 4; ++I) {
+    A = A->IgnoreImplicit();
+    const auto *CE = dyn_cast<CXXConstructExpr>(A);
+    if (!CE || CE->getNumArgs() != 1)
+      break;
+    A = CE->getArg(0);
+  }
+  return A && A->IgnoreParenImpCasts()->getType()->isRealFloatingType();
+}
+
+// The dtype of a computed result (ops.def's TT_RESULT_DTYPE rows; otherwise
+// self's when every tensor operand has it): unknown where the promotion of
+// mixed operands would decide.
+void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
+  sem::ResultDType Rule = sem::resultDType(C.Name);
+  // div with a rounding mode keeps integers.
+  bool Floating = Rule == sem::ResultDType::Floating && !(C.Name == "div" && C.arg(1));
+  // Floating for certain: made so by this op, or by one before it (x.softmax(1).mul(10)).
+  bool KeepsFloating = C.Self.FloatingOp && Rule == sem::ResultDType::Self;
+  auto Set = [&R, Floating, KeepsFloating](DTypeName D, bool Assumed) {
+    R.DType = D.Name;
+    R.ElemSize = D.Size;
+    R.DTypeAssumed = Assumed;
+    R.FloatingOp = Floating || (KeepsFloating && isFloatingDType(D.Name));
+  };
+  if (Rule == sem::ResultDType::Bool || Rule == sem::ResultDType::Long)
+    return Set(Rule == sem::ResultDType::Bool ? DTypeName{"Bool", 1} : DTypeName{"Long", 8}, false);
+  bool Same = true, FloatScalar = false, Assumed = C.Self.DTypeAssumed;
+  for (const Expr *A : C.Args) {
+    if (isa<CXXDefaultArgExpr>(A))
+      continue;
+    if (!Model.isTensorExpr(A)) {
+      if (DTypeName D = dtypeIn(A); D.Size) { // sum(kDouble), softmax(1, kFloat)
+        Set(D, false);
+        R.FloatingOp = false;
+        return;
+      }
+      FloatScalar |= isFloatScalar(A);
+      continue;
+    }
+    TensorFact O = evalTensor(A, C.S);
+    Same &= O.DType == C.Self.DType;
+    Assumed |= O.DTypeAssumed;
+  }
+  bool SelfFloat = isFloatingDType(C.Self.DType);
+  bool SelfInt = C.Self.ElemSize && !SelfFloat && C.Self.DType != "Bool" &&
+                 !C.Self.DType.starts_with("Complex");
+  if (Same && SelfFloat)
+    return Set({C.Self.DType, C.Self.ElemSize}, Assumed);
+  if (Same && SelfInt)
+    return Set(Floating || FloatScalar ? DTypeName{"Float", 4}
+                                       : DTypeName{C.Self.DType, C.Self.ElemSize},
+               Assumed);
+  bool WasFloating = C.Self.FloatingOp || SelfFloat;
+  R.DType = "";
+  R.ElemSize = 0;
+  R.DTypeAssumed = false;
+  R.FloatingOp = Floating || WasFloating;
+}
+
 TensorFact LayoutAnalysis::Impl::byTable(const OpCall &C) {
+  TensorFact R = byLayout(C);
+  if (C.Op->storage == sem::Storage::Fresh)
+    resultDType(C, R);
+  return R;
+}
+
+TensorFact LayoutAnalysis::Impl::byLayout(const OpCall &C) {
   switch (C.Op->layout) {
   case sem::Layout::Same: {
     if (C.Op->storage == sem::Storage::Factory) { // *_like
@@ -935,6 +1019,7 @@ TensorFact LayoutAnalysis::Impl::byTable(const OpCall &C) {
       if (DTypeName D = dtypeIn(C.Call); D.Size) {
         R.DType = D.Name;
         R.ElemSize = D.Size;
+        R.DTypeAssumed = R.FloatingOp = false;
       }
       return R;
     }

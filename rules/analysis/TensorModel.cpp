@@ -34,6 +34,15 @@ bool TensorModel::isTensorType(QualType T) const {
 
 bool TensorModel::isTensorExpr(const Expr *E) const { return E && isTensorType(E->getType()); }
 
+const Expr *TensorModel::tensorOperand(const Expr *E) const {
+  if (isTensorExpr(E))
+    return E;
+  const auto *CE = E ? dyn_cast<CXXConstructExpr>(E->IgnoreImplicit()) : nullptr;
+  if (CE && CE->getNumArgs() >= 1 && !CE->isListInitialization() && isTensorExpr(CE->getArg(0)))
+    return CE->getArg(0);
+  return nullptr;
+}
+
 const Expr *TensorModel::selfOf(const CallExpr *Call) {
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
     return MC->getImplicitObjectArgument();
@@ -92,15 +101,6 @@ const Expr *TensorModel::inPlaceTarget(const Expr *E) const {
   if (!Self && !isa<CXXMemberCallExpr>(Call) && Call->getNumArgs())
     Self = Call->getArg(0);
   return isTensorExpr(Self) ? Self : nullptr;
-}
-
-const Expr *TensorModel::tensorOperand(const Expr *A) const {
-  if (isTensorExpr(A))
-    return A;
-  const auto *CE = A ? dyn_cast<CXXConstructExpr>(A->IgnoreImplicit()) : nullptr;
-  if (CE && CE->getNumArgs() >= 1 && isTensorExpr(CE->getArg(0)))
-    return CE->getArg(0);
-  return nullptr;
 }
 
 bool TensorModel::isMetadataMethod(llvm::StringRef Name) {

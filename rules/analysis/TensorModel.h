@@ -24,6 +24,10 @@ public:
   // True for a tensor handle type (also through references, cv and sugar).
   bool isTensorType(QualType T) const;
   bool isTensorExpr(const Expr *E) const;
+  // The tensor an operand passes: E itself, or the tensor a wrapper is
+  // implicitly built from (tt's operators take `detail::LocatedTensor`);
+  // nullptr when E is no tensor.
+  const Expr *tensorOperand(const Expr *E) const;
 
   // The table row for a member call on a tensor (or a free function taking a
   // tensor first), or nullptr when the callee is not a tensor op we know.
@@ -40,10 +44,6 @@ public:
   // to a temporary handle (`a[0] = x`, `a.index(...) = x`: LibTorch's
   // rvalue-qualified operator= copies into the storage).
   const Expr *inPlaceTarget(const Expr *E) const;
-
-  // The tensor an argument passes (through a wrapper built from it, e.g. the
-  // runtime's LocatedTensor of `a += b`), or nullptr when it passes none.
-  const Expr *tensorOperand(const Expr *A) const;
 
   // Methods that read only metadata (shape, dtype, device, flags), never data.
   static bool isMetadataMethod(llvm::StringRef Name);

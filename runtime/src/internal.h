@@ -163,6 +163,8 @@ struct Scope {
 void alloc(const Storage &s);
 void free(const Storage &s);
 void copy(CopyKind kind, const TensorImpl &src, const TensorImpl &dst);
+// A copy_ into another dtype: both dtypes and the values before and after.
+void convert(const TensorImpl &src, const TensorImpl &dst);
 // handles: live Tensor handles on t itself (handle copies share one TensorImpl).
 void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after, long handles = 0);
 // One op: its inputs' storages -> its result's storage, with the table's kind.

@@ -98,12 +98,12 @@ void emit(std::string &s) {
   std::fwrite(line.data(), 1, line.size(), g_file);
 }
 
-// Sum of a CPU tensor's values: a cheap digest of what a write produced.
-bool digest(const TensorImpl &t, double &sum) {
+// Calls f(value) for each element of a CPU tensor, in index order; false for
+// other devices.
+template <typename F> bool forEachValue(const TensorImpl &t, F f) {
   if (!t.storage->device().is_cpu())
     return false;
   std::int64_t n = t.numel();
-  sum = 0;
   std::size_t nd = t.sizes.size();
   std::vector<std::int64_t> idx(nd, 0);
   const char *base = t.data();
@@ -114,13 +114,13 @@ bool digest(const TensorImpl &t, double &sum) {
       off += idx[d] * t.strides[d];
     const char *p = base + off * static_cast<std::int64_t>(es);
     switch (t.dtype) {
-    case kFloat: sum += *reinterpret_cast<const float *>(p); break;
-    case kDouble: sum += *reinterpret_cast<const double *>(p); break;
-    case kHalf: sum += float(*reinterpret_cast<const Half *>(p)); break;
-    case kBFloat16: sum += float(*reinterpret_cast<const BFloat16 *>(p)); break;
-    case kInt: sum += *reinterpret_cast<const std::int32_t *>(p); break;
-    case kLong: sum += static_cast<double>(*reinterpret_cast<const std::int64_t *>(p)); break;
-    case kBool: sum += *reinterpret_cast<const bool *>(p) ? 1 : 0; break;
+    case kFloat: f(*reinterpret_cast<const float *>(p)); break;
+    case kDouble: f(*reinterpret_cast<const double *>(p)); break;
+    case kHalf: f(float(*reinterpret_cast<const Half *>(p))); break;
+    case kBFloat16: f(float(*reinterpret_cast<const BFloat16 *>(p))); break;
+    case kInt: f(*reinterpret_cast<const std::int32_t *>(p)); break;
+    case kLong: f(static_cast<double>(*reinterpret_cast<const std::int64_t *>(p))); break;
+    case kBool: f(*reinterpret_cast<const bool *>(p) ? 1.0 : 0.0); break;
     }
     for (std::size_t d = nd; d-- > 0;) {
       if (++idx[d] < t.sizes[d])
@@ -129,6 +129,18 @@ bool digest(const TensorImpl &t, double &sum) {
     }
   }
   return true;
+}
+
+// Sum of a CPU tensor's values: a cheap digest of what a write produced.
+bool digest(const TensorImpl &t, double &sum) {
+  sum = 0;
+  return forEachValue(t, [&sum](double v) { sum += v; });
+}
+
+void jsonNumber(std::string &s, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  s += (v == v && v - v == 0) ? buf : "null";
 }
 
 void describe(std::string &s, const TensorImpl &t) {
@@ -227,6 +239,37 @@ void copy(CopyKind kind, const TensorImpl &src, const TensorImpl &dst) {
   emit(s);
 }
 
+void convert(const TensorImpl &src, const TensorImpl &dst) {
+  std::vector<double> a, b;
+  if (!forEachValue(src, [&a](double v) { a.push_back(v); }) ||
+      !forEachValue(dst, [&b](double v) { b.push_back(v); }))
+    return;
+  std::string s = head(ev::kConvert);
+  field(s, key::kSrcDType);
+  jsonString(s, toString(src.dtype));
+  field(s, key::kDstDType);
+  jsonString(s, toString(dst.dtype));
+  field(s, key::kTensor, dst.id);
+  field(s, key::kNumel, static_cast<std::int64_t>(b.size()));
+  if (a.size() == b.size()) { // not broadcast: compare element by element
+    std::int64_t changed = 0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      changed += a[i] != b[i];
+    field(s, key::kChanged, changed);
+  }
+  double sa = 0, sb = 0;
+  for (double v : a)
+    sa += v;
+  for (double v : b)
+    sb += v;
+  field(s, key::kSrcSum);
+  jsonNumber(s, sa);
+  field(s, key::kSum);
+  jsonNumber(s, sb);
+  s += "}";
+  emit(s);
+}
+
 void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after, long handles) {
   std::string s = head(ev::kWrite);
   field(s, key::kWriteOp);
@@ -239,10 +282,8 @@ void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint3
   field(s, key::kBytes, t.numel() * static_cast<std::int64_t>(elementSize(t.dtype)));
   double sum;
   if (digest(t, sum)) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.17g", sum);
     field(s, key::kSum);
-    s += (sum == sum && sum - sum == 0) ? buf : "null";
+    jsonNumber(s, sum);
   }
   describe(s, t);
   s += "}";
@@ -347,6 +388,7 @@ void Scope::leave() {}
 void alloc(const Storage &) {}
 void free(const Storage &) {}
 void copy(CopyKind, const TensorImpl &, const TensorImpl &) {}
+void convert(const TensorImpl &, const TensorImpl &) {}
 void write(const char *, const TensorImpl &, std::uint32_t, std::uint32_t, long) {}
 void op(const char *, std::initializer_list<const Tensor *>, const Tensor &) {}
 void opMulti(const char *, const Tensor &, const std::vector<Tensor> &) {}

@@ -661,6 +661,8 @@ Tensor &Tensor::copy_(const Tensor &src, bool non_blocking, SourceLocation loc) 
   std::uint32_t before = _version();
   bool rec = autograd::shouldRecord({this, &src});
   copyData(*this, src, CopyKind::Copy_, non_blocking);
+  if (trace::on() && src.dtype() != dtype())
+    trace::convert(*src.unsafeGetTensorImpl(), *unsafeGetTensorImpl());
   bumpVersion(*this, "copy_", before);
   if (rec) {
     std::vector<std::int64_t> srcShape = src.sizes().vec();

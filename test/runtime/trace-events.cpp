@@ -19,6 +19,10 @@ int main() {
   // CHECK: "ev":"write","op":"sub_","file":"{{[^"]*}}trace-events.cpp","line":[[@LINE-2]],{{.*}}"write_op":"sub_","storage":[[X]],{{.*}}"version_before":0,"version_after":1,{{.*}}"sum":0,
   // CHECK: "ev":"op","op":"sub_",{{.*}}"kind":"in-place","inputs":[[[X]]],{{.*}}"outputs":[[[X]]],{{.*}}"aliases_input":true,"returns_self":true
 
+  tt::Tensor n = tt::zeros({2}, tt::kLong);
+  n.copy_(tt::full({2}, 1.5));
+  // CHECK: "ev":"convert","op":"copy_",{{.*}}"line":[[@LINE-1]],{{.*}}"src_dtype":"Float","dst_dtype":"Long",{{.*}}"numel":2,"changed":2,"src_sum":3,"sum":2}
+
   tt::Tensor c = x.contiguous();
   // CHECK: "ev":"op","op":"contiguous",{{.*}}"kind":"may-alias",{{.*}}"returns_self":true
 

@@ -247,6 +247,71 @@ FixJudgement writeFix(const FixInput &In, json::Object &) {
   return J;
 }
 
+// ------------------------------------------------------- narrowing copy_ --
+
+const Event *conversionAt(ArrayRef<const Event *> Evs) {
+  for (const Event *E : Evs)
+    if (E->Kind == EventKind::Convert)
+      return E;
+  return nullptr;
+}
+
+HazardJudgement narrowingHazard(const HazardInput &In, json::Object &Figures) {
+  HazardJudgement J;
+  const Event *C = conversionAt(In.At);
+  if (!C) {
+    J.Evidence.push_back("no dtype conversion in a copy at " + In.Where + " in the trace");
+    return J;
+  }
+  Figures["changed_values"] = C->Changed;
+  Figures["values"] = C->Numel;
+  J.Verdict = C->Changed > 0 ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  std::string S = formatv("{0} at {1} converted {2} to {3}", C->Op.empty() ? "copy_" : C->Op,
+                          In.Where, C->FromDType, C->ToDType)
+                      .str();
+  if (C->Changed >= 0)
+    S += formatv(": {0} of {1} value{2} changed", C->Changed, C->Numel, plural(C->Numel)).str();
+  if (C->SumBefore && C->SumAfter)
+    S +=
+        formatv(" (sum {0} -> {1})", formatNumber(*C->SumBefore), formatNumber(*C->SumAfter)).str();
+  J.Evidence.push_back(S);
+  return J;
+}
+
+FixJudgement narrowingFix(const FixInput &In, json::Object &) {
+  FixJudgement J;
+  if (const Event *C = conversionAt(In.AtFix))
+    J.Remains = formatv("the copy at {0} still converts {1} to {2} implicitly", In.Where,
+                        C->FromDType, C->ToDType)
+                    .str();
+  else
+    J.Gone = "the copy at " + In.Where + " no longer converts: the conversion is explicit";
+  return J;
+}
+
+// ------------------------------------------------------- device mismatch --
+
+HazardJudgement deviceHazard(const HazardInput &In, json::Object &) {
+  HazardJudgement J;
+  bool Thrown =
+      In.Err &&
+      StringRef(In.Err->Message).contains("Expected all tensors to be on the same device");
+  J.Verdict = Thrown ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  J.Evidence.push_back(
+      Thrown ? formatv("{0} at {1} threw \"{2}\"", In.Err->Op, In.Where, In.Err->Message).str()
+             : "the op at " + In.Where + " ran without a device error");
+  return J;
+}
+
+FixJudgement deviceFix(const FixInput &In, json::Object &) {
+  FixJudgement J;
+  if (const Event *E = In.Fixed.errorAt(In.File, In.FixedLine))
+    J.Remains = "the fixed program still throws at " + In.Where + ": " + E->Message;
+  else
+    J.Gone = "no device error at " + In.Where;
+  return J;
+}
+
 // ------------------------------------------------------------- the table --
 
 const CheckRule Rules[] = {
@@ -257,6 +322,8 @@ const CheckRule Rules[] = {
     {"tensor-clone-in-loop", HazardKind::LoopInvariantCopy, false, loopCopyHazard, loopCopyFix},
     {"tensor-inplace-on-expanded", HazardKind::ExpandedWrite, false, overlapWriteHazard, viewFix},
     {"tensor-inplace-overlap", HazardKind::OverlapThrows, true, overlapWriteHazard, viewFix},
+    {"tensor-copy-narrowing", HazardKind::NarrowingCopy, false, narrowingHazard, narrowingFix},
+    {"tensor-device-mismatch", HazardKind::DeviceMismatch, false, deviceHazard, deviceFix, true},
 };
 
 } // namespace

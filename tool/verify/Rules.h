@@ -57,6 +57,9 @@ struct CheckRule {
   bool Writes;
   HazardJudgement (*JudgeHazard)(const HazardInput &In, llvm::json::Object &Figures);
   FixJudgement (*JudgeFix)(const FixInput &In, llvm::json::Object &Figures);
+  /// The hazard shows only on a CUDA device: without one it is "not
+  /// exercised (no CUDA device)", never judged.
+  bool NeedsCuda = false;
 };
 
 /// The row for a check; for an unknown check, the row of its typed hazard

@@ -16,9 +16,10 @@ namespace {
 
 EventKind kindOf(StringRef Ev) {
   static const std::pair<const char *, EventKind> Kinds[] = {
-      {ev::kStart, EventKind::Start}, {ev::kAlloc, EventKind::Alloc}, {ev::kFree, EventKind::Free},
-      {ev::kCopy, EventKind::Copy},   {ev::kWrite, EventKind::Write}, {ev::kOp, EventKind::Op},
-      {ev::kError, EventKind::Error}};
+      {ev::kStart, EventKind::Start}, {ev::kAlloc, EventKind::Alloc},
+      {ev::kFree, EventKind::Free},   {ev::kCopy, EventKind::Copy},
+      {ev::kWrite, EventKind::Write}, {ev::kOp, EventKind::Op},
+      {ev::kError, EventKind::Error}, {ev::kConvert, EventKind::Convert}};
   for (const auto &[Name, Kind] : Kinds)
     if (Ev == Name)
       return Kind;
@@ -95,6 +96,15 @@ void readFields(const json::Object &O, Event &E) {
     break;
   case EventKind::Error:
     E.Message = str(O, key::kMessage);
+    break;
+  case EventKind::Convert:
+    E.Tensor = O.getInteger(key::kTensor).value_or(-1);
+    E.FromDType = str(O, key::kSrcDType);
+    E.ToDType = str(O, key::kDstDType);
+    E.Numel = O.getInteger(key::kNumel).value_or(0);
+    E.Changed = O.getInteger(key::kChanged).value_or(-1);
+    E.SumBefore = O.getNumber(key::kSrcSum);
+    E.SumAfter = O.getNumber(key::kSum);
     break;
   default:
     break;

@@ -16,7 +16,7 @@
 namespace tensor_tidy::verify {
 
 /// The event kinds of runtime/include/tt/trace_schema.h.
-enum class EventKind { Start, Alloc, Free, Copy, Write, Op, Error, Other };
+enum class EventKind { Start, Alloc, Free, Copy, Write, Op, Error, Convert, Other };
 
 struct Event {
   std::size_t Index = 0;
@@ -33,6 +33,9 @@ struct Event {
   bool Shared = false;      // the written storage was reachable from another live handle
   std::optional<double> SumBefore, SumAfter, Sum;
   std::string Message;
+  // convert: the dtypes (runtime names), elements, and how many changed (-1: not compared)
+  std::string FromDType, ToDType;
+  std::int64_t Numel = 0, Changed = -1;
 };
 
 struct Trace {

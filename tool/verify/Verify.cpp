@@ -490,10 +490,30 @@ void Verifier::judge(Program &P) {
   }
 }
 
+// The run could not use a CUDA device (no driver, no GPU, a runtime built
+// without CUDA): the reason, from its failure; "" otherwise.
+static std::string noCudaReason(const RunResult &Run) {
+  if (!Run.failed())
+    return "";
+  std::string Why = uncaughtWhat(Run.Stderr);
+  for (StringRef Sign :
+       {"NVIDIA driver", "not compiled with CUDA", "CUDA driver", "no CUDA-capable device"})
+    if (StringRef(Why).contains_insensitive(Sign))
+      return Why;
+  return "";
+}
+
 // What the original run says about the hazard at F's line.
 void Verifier::judgeHazard(Program &P, Checked &F) {
   HazardInput In{P.OrigTrace, F.where(), P.OrigTrace.at(F.File, F.Line),
                  P.OrigTrace.errorAt(F.File, F.Line), F.Typed};
+  if (F.Rule->NeedsCuda && In.At.empty() && !In.Err) {
+    if (std::string Why = noCudaReason(P.OrigRun); !Why.empty()) {
+      F.Hazard = HazardVerdict::NotExercised;
+      F.HazardEv.push_back("(no CUDA device): " + Why);
+      return;
+    }
+  }
   if (In.At.empty() && !In.Err) {
     F.Hazard = HazardVerdict::NotExercised;
     F.HazardEv.push_back("line " + In.Where + " never ran in the original program" +
@@ -568,6 +588,10 @@ bool Verifier::judgeFixedRun(Program &P, Checked &F, const Checked &By) {
   } else if (X.TimedOut) {
     F.Fix = FixVerdict::TimedOut;
     F.FixEv.push_back(formatv("the fixed program ran past {0} s", Timeout.getValue()).str());
+  } else if (F.Hazard == HazardVerdict::NotExercised && F.Rule->NeedsCuda &&
+             !noCudaReason(X).empty()) {
+    F.Fix = FixVerdict::NotExercised; // needs the same device the original lacked
+    F.FixEv.push_back("(no CUDA device)");
   } else if (X.failed()) {
     F.Fix = FixVerdict::Crashed;
     F.FixEv.push_back("the fixed program failed " + X.failure());
@@ -658,8 +682,9 @@ void Verifier::report(RunReport &Report) {
   OS << "\n";
   // The verdict with its first piece of evidence, then one line per further piece.
   auto Verdict = [&](StringRef What, StringRef V, ArrayRef<std::string> Ev) {
-    OS << "  " << What << " " << V << (Ev.empty() ? "" : ": ") << (Ev.empty() ? "" : Ev.front())
-       << "\n";
+    // Evidence that opens with "(" qualifies the verdict: "not exercised (no CUDA device)".
+    StringRef Sep = Ev.empty() ? "" : StringRef(Ev.front()).starts_with("(") ? " " : ": ";
+    OS << "  " << What << " " << V << Sep << (Ev.empty() ? "" : Ev.front()) << "\n";
     for (size_t I = 1; I < Ev.size(); ++I)
       OS << "      " << Ev[I] << "\n";
   };

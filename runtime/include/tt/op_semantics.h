@@ -89,6 +89,28 @@ constexpr ExpandedWrite expandedWrite(std::string_view name) {
   return ExpandedWrite::Raises;
 }
 
+// The result dtype rule of ops.def's TT_RESULT_DTYPE section; Self for ops
+// not listed (self's dtype when every tensor operand has it).
+enum class ResultDType : std::uint8_t { Self, Bool, Long, Floating };
+struct ResultDTypeRow {
+  std::string_view name;
+  ResultDType rule;
+};
+inline constexpr ResultDTypeRow kResultDTypes[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_RESULT_DTYPE(Name, Rule) {#Name, ResultDType::Rule},
+#include "tt/ops.def"
+#undef TT_RESULT_DTYPE
+#undef TT_OP
+};
+
+constexpr ResultDType resultDType(std::string_view name) {
+  for (const ResultDTypeRow &r : kResultDTypes)
+    if (r.name == name)
+      return r.rule;
+  return ResultDType::Self;
+}
+
 // Every method whose name ends in '_' (but not "__") writes self in place, by
 // the PyTorch naming convention, even when it is not in the table.
 constexpr bool isInPlaceName(std::string_view name) {

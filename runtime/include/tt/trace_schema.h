@@ -18,6 +18,7 @@ inline constexpr char kCopy[] = "copy";
 inline constexpr char kWrite[] = "write";
 inline constexpr char kOp[] = "op";
 inline constexpr char kError[] = "error";
+inline constexpr char kConvert[] = "convert"; // copy_ into another dtype
 } // namespace ev
 
 // Field keys.
@@ -55,6 +56,12 @@ inline constexpr char kOutputs[] = "outputs";
 inline constexpr char kOutputTensors[] = "output_tensors";
 // error
 inline constexpr char kMessage[] = "message";
+// convert (with kTensor, kSum: the destination's values after the copy)
+inline constexpr char kSrcDType[] = "src_dtype";
+inline constexpr char kDstDType[] = "dst_dtype";
+inline constexpr char kNumel[] = "numel";
+inline constexpr char kChanged[] = "changed"; // elements whose value the conversion changed
+inline constexpr char kSrcSum[] = "src_sum";
 } // namespace key
 
 // Copy kinds that are implicit (the user asked for a reshape, not a copy).

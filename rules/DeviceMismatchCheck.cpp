@@ -1,0 +1,290 @@
+#include "DeviceMismatchCheck.h"
+
+#include "analysis/AstHelpers.h"
+
+#include "clang/AST/ExprCXX.h"
+#include "clang/AST/ParentMapContext.h"
+#include "clang/AST/RecursiveASTVisitor.h"
+#include "clang/ASTMatchers/ASTMatchFinder.h"
+#include "clang/Lex/Lexer.h"
+
+using namespace clang::ast_matchers;
+
+namespace clang::tidy::tensor {
+
+namespace {
+
+// A device the code shows: not a default taken for an input, not a run-time value.
+bool known(const TensorFact &F, TensorFact::DeviceKind D) {
+  return F.Device == D && !F.DeviceAssumed && !F.DeviceRuntime;
+}
+
+// Ops PyTorch runs through TensorIterator accept a 0-dim CPU tensor next to
+// CUDA tensors (a "CPU scalar"); these do not (they need dim >= 1 anyway).
+bool rejectsCpuScalars(StringRef Op) {
+  return llvm::is_contained({"matmul", "mm", "bmm", "linear", "conv1d", "conv2d"}, Op);
+}
+
+// Ops that take tensors on other devices by design: copies and conversions,
+// indexing (CPU indices into a CUDA tensor).
+bool crossesDevices(StringRef Op) {
+  return llvm::is_contained({"copy_", "to", "type_as", "index_put_", "index", "set_", "cuda", "cpu",
+                             "expand_as", "view_as", "reshape_as", "new_empty", "new_zeros",
+                             "zeros_like", "ones_like", "empty_like"},
+                            Op);
+}
+
+std::string textOf(const Expr *E, const ASTContext &Ctx) {
+  return Lexer::getSourceText(CharSourceRange::getTokenRange(E->getSourceRange()),
+                              Ctx.getSourceManager(), Ctx.getLangOpts())
+      .str();
+}
+
+// A variable or member named the same way (`x`, `this->net_`), for matching
+// the module a `to()` moved with the one a call uses.
+const ValueDecl *nameOf(const Expr *E) {
+  E = E ? stripHandle(E) : nullptr;
+  if (const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E))
+    return DRE->getDecl();
+  if (const auto *ME = dyn_cast_or_null<MemberExpr>(E))
+    if (isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
+      return ME->getMemberDecl();
+  return nullptr;
+}
+
+// The object of `m->f()`, `m.f()` or `(*m).f()`: through ModuleHolder's
+// operator-> and operator*.
+const Expr *moduleObject(const Expr *E) {
+  E = stripHandle(E);
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))
+    if ((OC->getOperator() == OO_Arrow || OC->getOperator() == OO_Star) && OC->getNumArgs() >= 1)
+      return stripHandle(OC->getArg(0));
+  if (const auto *UO = dyn_cast<UnaryOperator>(E); UO && UO->getOpcode() == UO_Deref)
+    return stripHandle(UO->getSubExpr());
+  return E;
+}
+
+bool isModuleRecord(const CXXRecordDecl *RD) {
+  if (!RD || !RD->hasDefinition())
+    return false;
+  std::string N = RD->getQualifiedNameAsString();
+  if (N == "torch::nn::Module" || N == "torch::nn::ModuleHolder")
+    return true;
+  for (const CXXBaseSpecifier &B : RD->bases())
+    if (isModuleRecord(B.getType()->getAsCXXRecordDecl()))
+      return true;
+  return false;
+}
+
+bool isModuleType(QualType T) {
+  return isModuleRecord(T.getNonReferenceType()->getAsCXXRecordDecl());
+}
+
+// The last statement before Use in its function, at a level that always runs
+// before it, that moves Module with `to(d)` / `cuda()` / `cpu()`: the device
+// text when it is CUDA, "" otherwise.
+class MoveFinder : public RecursiveASTVisitor<MoveFinder> {
+public:
+  MoveFinder(const ValueDecl *Module, const Stmt *Use, ASTContext &Ctx)
+      : Module(Module), Use(Use), Ctx(Ctx) {}
+  std::string Device;
+
+  bool VisitCXXMemberCallExpr(CXXMemberCallExpr *MC) {
+    const CXXMethodDecl *MD = MC->getMethodDecl();
+    if (!MD || !MD->getIdentifier() ||
+        nameOf(moduleObject(MC->getImplicitObjectArgument())) != Module)
+      return true;
+    StringRef N = MD->getName();
+    if (N != "to" && N != "cuda" && N != "cpu")
+      return true;
+    if (!Ctx.getSourceManager().isBeforeInTranslationUnit(MC->getEndLoc(), Use->getBeginLoc()) ||
+        !dominates(MC))
+      return true;
+    bool Runtime = false;
+    TensorFact::DeviceKind D = N == "cuda"        ? TensorFact::Accelerator
+                               : N == "cpu"       ? TensorFact::CPU
+                               : MC->getNumArgs() ? layoutDevice(MC->getArg(0), Runtime)
+                                                  : TensorFact::AnyDevice;
+    Device = D == TensorFact::Accelerator && !Runtime
+                 ? (N == "cuda" ? std::string("torch::kCUDA") : textOf(MC->getArg(0), Ctx))
+                 : "";
+    return true;
+  }
+
+private:
+  static TensorFact::DeviceKind layoutDevice(const Expr *A, bool &Runtime);
+  // Always runs before Use: its statement is in a block enclosing Use.
+  bool dominates(const Stmt *S) {
+    const Stmt *Cur = S;
+    for (int I = 0; I < 64; ++I) {
+      DynTypedNodeList Ps = Ctx.getParents(*Cur);
+      const Stmt *P = Ps.empty() ? nullptr : Ps[0].get<Stmt>();
+      if (!P)
+        return false;
+      if (isa<CompoundStmt>(P))
+        return encloses(P, Use);
+      if (!isa<Expr, ExprWithCleanups>(P))
+        return false;
+      Cur = P;
+    }
+    return false;
+  }
+  bool encloses(const Stmt *Outer, const Stmt *Inner) {
+    DynTypedNode N = DynTypedNode::create(*Inner);
+    for (int I = 0; I < 256; ++I) {
+      if (N.get<Stmt>() == Outer)
+        return true;
+      DynTypedNodeList Ps = Ctx.getParents(N);
+      if (Ps.empty())
+        return false;
+      N = Ps[0];
+    }
+    return false;
+  }
+  const ValueDecl *Module;
+  const Stmt *Use;
+  ASTContext &Ctx;
+};
+
+} // namespace
+} // namespace clang::tidy::tensor
+
+// The layout analysis reads device arguments; its reader is shared.
+#include "analysis/LayoutImpl.h"
+
+namespace clang::tidy::tensor {
+
+TensorFact::DeviceKind MoveFinder::layoutDevice(const Expr *A, bool &Runtime) {
+  return layout::deviceOf(A, &Runtime);
+}
+
+DeviceMismatchCheck::DeviceMismatchCheck(StringRef Name, ClangTidyContext *Context)
+    : TensorCheck(Name, Context) {}
+
+void DeviceMismatchCheck::registerMatchers(MatchFinder *Finder) {
+  Finder->addMatcher(callExpr(unless(isExpansionInSystemHeader())).bind("call"), this);
+}
+
+void DeviceMismatchCheck::check(const MatchFinder::MatchResult &Result) {
+  const auto *Call = Result.Nodes.getNodeAs<CallExpr>("call");
+  if (!Call)
+    return;
+  const FunctionDecl *FD = Call->getDirectCallee();
+  if (!FD || !FD->getIdentifier()) {
+    // `model(x)`: ModuleHolder's operator() calls forward.
+    const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
+    if (OC && OC->getOperator() == OO_Call && OC->getNumArgs() == 2 &&
+        isModuleType(OC->getArg(0)->getType()) && Model.isTensorExpr(OC->getArg(1)))
+      checkForward(Call, OC->getArg(0), OC->getArg(1), Result);
+    else if (OC)
+      checkOp(Call, Result);
+    return;
+  }
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call); MC && FD->getName() == "forward" &&
+                                                          MC->getNumArgs() >= 1 &&
+                                                          Model.isTensorExpr(MC->getArg(0))) {
+    const Expr *Obj = moduleObject(MC->getImplicitObjectArgument());
+    if (isModuleType(Obj->getType()) || isModuleRecord(MC->getRecordDecl()))
+      return checkForward(Call, Obj, MC->getArg(0), Result);
+  }
+  checkOp(Call, Result);
+}
+
+// An op of the table whose tensor operands' facts show a CPU tensor and a
+// CUDA tensor.
+void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::MatchResult &Result) {
+  const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
+  const sem::OpInfo *Op = OC ? sem::lookup(operatorOpName(OC)) : Model.opOf(Call);
+  if (!Op || (Op->storage != sem::Storage::Fresh && Op->storage != sem::Storage::InPlace) ||
+      crossesDevices(Op->name))
+    return;
+  llvm::SmallVector<const Expr *, 4> Es;
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
+    Es.push_back(MC->getImplicitObjectArgument());
+  for (const Expr *A : Call->arguments())
+    if (const Expr *T = Model.tensorOperand(A))
+      Es.push_back(T);
+  if (Es.size() < 2)
+    return;
+  const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Call);
+  if (!LA)
+    return;
+  const Expr *Cpu = nullptr, *Cuda = nullptr;
+  for (const Expr *E : Es) {
+    const TensorFact *F = LA->factOf(E);
+    if (!F)
+      continue;
+    bool Scalar = !F->Sizes || F->Sizes->empty(); // may be a 0-dim CPU tensor
+    if (known(*F, TensorFact::CPU) && (!Scalar || rejectsCpuScalars(Op->name)))
+      Cpu = Cpu ? Cpu : E;
+    else if (known(*F, TensorFact::Accelerator))
+      Cuda = Cuda ? Cuda : E;
+  }
+  if (!Cpu || !Cuda)
+    return;
+  // Moving the tensor an in-place op writes would write a temporary: no fix-it.
+  bool WritesCpu = Op->storage == sem::Storage::InPlace && Cpu == Es.front();
+  const Expr *CudaName = nameOf(Cuda) && !WritesCpu ? stripHandle(Cuda) : nullptr;
+  std::string CudaText = textOf(Cuda, *Result.Context);
+  std::string OpName = OC ? "'" + std::string(getOperatorSpelling(OC->getOperator())) + "'"
+                          : "'" + std::string(Op->name) + "'";
+  report({Call, reportLoc(Call), OpName, Cpu,
+          CudaName ? textOf(CudaName, *Result.Context) + ".device()" : "", "'" + CudaText + "'"},
+         Result);
+}
+
+// `model->forward(x)` / `model(x)` with x on the CPU after `model->to(kCUDA)`.
+void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE, const Expr *Input,
+                                       const MatchFinder::MatchResult &Result) {
+  const ValueDecl *Module = nameOf(ModuleE);
+  const FunctionDecl *Fn = enclosingFunction(Call, *Result.Context);
+  const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Call);
+  const TensorFact *F = LA ? LA->factOf(Input) : nullptr;
+  if (!Module || !Fn || !Fn->getBody() || !F || !known(*F, TensorFact::CPU))
+    return;
+  MoveFinder Moves(Module, Call, *Result.Context);
+  Moves.TraverseStmt(Fn->getBody());
+  if (Moves.Device.empty())
+    return;
+  std::string Name = "'" + textOf(ModuleE, *Result.Context) + "'";
+  report({Call, reportLoc(Call), "'forward'", Input, Moves.Device,
+          "the parameters of " + Name + ", moved to CUDA", true},
+         Result);
+}
+
+void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResult &Result) {
+  ASTContext &Ctx = *Result.Context;
+  if (!Reported.first(M.Loc))
+    return;
+  std::string CpuText = textOf(M.Cpu, Ctx);
+  const Expr *Cpu = stripHandle(M.Cpu);
+  const auto *COC = dyn_cast<CXXOperatorCallExpr>(Cpu);
+  bool Postfix = COC ? COC->getOperator() == OO_Subscript
+                     : isa<DeclRefExpr, MemberExpr, CallExpr, ParenExpr>(Cpu);
+  std::string Moved = (Postfix ? CpuText : "(" + CpuText + ")") + ".to(" + M.Device + ")";
+  bool Fixable = !M.Device.empty() && !M.Cpu->getBeginLoc().isMacroID() &&
+                 !M.Cpu->getEndLoc().isMacroID() && !inTemplateInstantiation(M.Call, Ctx);
+  std::string Msg = M.Op + " combines the CPU tensor '" + CpuText + "' with " + M.Other +
+                    ": throws at run time ('Expected all tensors to be on the same device, but "
+                    "found at least two devices, cuda:0 and cpu!'); move it with '" +
+                    (Fixable ? Moved : CpuText + ".to(<device>)") + "'";
+  {
+    auto D = diag(M.Loc, Msg, DiagnosticIDs::Error);
+    if (Fixable)
+      D << FixItHint::CreateReplacement(CharSourceRange::getTokenRange(M.Cpu->getSourceRange()),
+                                        Moved);
+  }
+  Finding F;
+  F.Check = getID().str();
+  F.Hazard = HazardKind::DeviceMismatch;
+  F.Where = SourcePoint::at(M.Loc, Ctx.getSourceManager());
+  F.Op = F.Where;
+  F.OpName = StringRef(M.Op).trim('\'').str();
+  F.Fix = Fixable ? FixKind::ToOtherDevice : FixKind::None;
+  F.Facts.push_back(Fact::DevicesKnown);
+  if (M.Module)
+    F.Facts.push_back(Fact::ModuleMoved);
+  emitFinding(std::move(F));
+}
+
+} // namespace clang::tidy::tensor

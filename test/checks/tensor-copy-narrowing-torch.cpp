@@ -1,0 +1,95 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-copy-narrowing %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-copy-narrowing %t.plugin -- --quiet -- %torch_include
+#include <torch/torch.h>
+
+using torch::Tensor;
+using torch::indexing::Slice;
+
+// ===== positives ============================================================
+
+void quantizeScores(const Tensor &logits, int64_t n) {
+  Tensor probs = torch::softmax(logits, -1);
+  auto buckets = torch::zeros({n}, torch::kLong);
+  buckets.copy_(probs.mul(10));
+  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: copy_ silently converts floating-point to int64 (the destination's dtype): fractions are truncated toward zero; make the conversion explicit with 'probs.mul(10).to(buckets.scalar_type())' [tensor-copy-narrowing]
+  // CHECK-FIXES: {{^}}  buckets.copy_(probs.mul(10).to(buckets.scalar_type()));{{$}}
+}
+
+void storeDoubleStats(int64_t steps) {
+  Tensor history = torch::zeros({steps, 3});
+  for (int64_t t = 0; t < steps; ++t) {
+    Tensor stats = torch::randn({3}, torch::dtype(torch::kFloat64));
+    history[t] = stats;
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: assignment into a view silently converts float64 to float32
+    // CHECK-FIXES: {{^}}    history[t] = stats.to(history.scalar_type());{{$}}
+  }
+}
+
+void fillActions(const Tensor &probs, int64_t batch) {
+  Tensor actions = torch::empty({batch}, torch::TensorOptions().dtype(torch::kInt64));
+  actions.copy_(probs);
+  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: copy_ silently converts float32 to int64 (the destination's dtype): fractions are truncated toward zero (assuming 'probs' is float32, as nearly all such tensors are)
+  // CHECK-FIXES: {{^}}  actions.copy_(probs.to(actions.scalar_type()));{{$}}
+}
+
+void writeColumn(int64_t rows) {
+  Tensor table = torch::zeros({rows, 4}, torch::kInt32);
+  Tensor col = torch::arange(rows);
+  table.index_put_({Slice(), 0}, col);
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: index_put_ silently converts int64 to int32 (the destination's dtype): values out of range wrap around
+  // CHECK-FIXES: {{^}}  table.index_put_({Slice(), 0}, col.to(table.scalar_type()));{{$}}
+}
+
+void halfCache(const Tensor &x) {
+  Tensor cache = torch::zeros({16, 8}, torch::kHalf);
+  Tensor acc = x.to(torch::kDouble).cumsum(0);
+  cache.narrow(0, 0, 4).copy_(acc);
+  // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: copy_ silently converts float64 to float16
+  // CHECK-FIXES: {{^}}  cache.narrow(0, 0, 4).copy_(acc.to(cache.scalar_type()));{{$}}
+}
+
+void meanIntoCounts(const Tensor &x) {
+  Tensor counts = torch::zeros({4}, torch::kLong);
+  counts.copy_(x.mean(0));
+  // CHECK-MESSAGES: :[[@LINE-1]]:10: warning: copy_ silently converts floating-point to int64
+  // CHECK-FIXES: {{^}}  counts.copy_(x.mean(0).to(counts.scalar_type()));{{$}}
+}
+
+// ===== negatives ============================================================
+
+void masterWeightsToHalf(torch::nn::Linear &fc, const Tensor &master) {
+  Tensor half_w = torch::zeros({4, 4}, torch::kHalf);
+  half_w.copy_(torch::randn({4, 4})); // float32 -> float16: mixed precision
+  fc->weight.data().copy_(master);    // destination dtype not shown
+}
+
+void labelsIntoBuffer(const Tensor &labels, const Tensor &indices) {
+  Tensor buf = torch::zeros({8}, torch::kLong);
+  buf.copy_(labels);
+  buf.narrow(0, 0, 4).copy_(indices.narrow(0, 0, 4));
+}
+
+void argmaxIntoLong(const Tensor &logits) {
+  Tensor pred = torch::zeros({4}, torch::kLong);
+  pred.copy_(logits.argmax(1));
+}
+
+void maskedScatterRaisesInstead(const Tensor &mask) {
+  Tensor dst = torch::zeros({4}, torch::kLong);
+  dst.masked_scatter_(mask, torch::randn({4}));
+  dst.index_put_({mask}, torch::randn({4}));
+}
+
+void explicitConversion(const Tensor &x) {
+  Tensor out = torch::zeros({4}, torch::kLong);
+  out.copy_(x.to(out.scalar_type()));
+  out.copy_(x.round().to(torch::kLong));
+}
+
+void widening(const Tensor &x) {
+  Tensor d = torch::zeros({4}, torch::kDouble);
+  d.copy_(torch::rand({4}));
+  Tensor f = torch::zeros({4});
+  f.copy_(torch::arange(4));
+}

@@ -1,0 +1,98 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-device-mismatch %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-device-mismatch %t.plugin -- --quiet --fix-errors -- %torch_include
+#include <torch/torch.h>
+
+using torch::Tensor;
+
+struct Net : torch::nn::Module {
+  Net() { fc = register_module("fc", torch::nn::Linear(10, 2)); }
+  Tensor forward(Tensor x) { return fc->forward(x); }
+  torch::nn::Linear fc{nullptr};
+};
+
+// ===== positives ============================================================
+
+void movedModuleCpuInput() {
+  torch::nn::Linear model(10, 2);
+  model->to(torch::kCUDA);
+  Tensor x = torch::randn({8, 10});
+  Tensor y = model->forward(x);
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: error: 'forward' combines the CPU tensor 'x' with the parameters of 'model', moved to CUDA: throws at run time ('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!'); move it with 'x.to(torch::kCUDA)' [tensor-device-mismatch]
+  // CHECK-FIXES: {{^}}  Tensor y = model->forward(x.to(torch::kCUDA));{{$}}
+}
+
+void customModuleCuda() {
+  auto net = std::make_shared<Net>();
+  net->to(torch::Device(torch::kCUDA, 0));
+  Tensor batch = torch::rand({4, 10});
+  Tensor out = net->forward(batch);
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: error: 'forward' combines the CPU tensor 'batch' with the parameters of 'net', moved to CUDA
+  // CHECK-FIXES: {{^}}  Tensor out = net->forward(batch.to(torch::Device(torch::kCUDA, 0)));{{$}}
+}
+
+void lossAgainstCpuTarget() {
+  Tensor pred = torch::randn({16, 4}).cuda();
+  Tensor target = torch::zeros({16, 4});
+  Tensor loss = torch::mse_loss(pred, target);
+  // CHECK-MESSAGES: :[[@LINE-1]]:17: error: 'mse_loss' combines the CPU tensor 'target' with 'pred'
+  // CHECK-FIXES: {{^}}  Tensor loss = torch::mse_loss(pred, target.to(pred.device()));{{$}}
+}
+
+void maskOnHost() {
+  Tensor scores = torch::randn({8, 8}, torch::device(torch::kCUDA));
+  Tensor bias = torch::ones({8, 8});
+  Tensor s = scores + bias;
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: error: '+' combines the CPU tensor 'bias' with 'scores'
+  // CHECK-FIXES: {{^}}  Tensor s = scores + bias.to(scores.device());{{$}}
+}
+
+void matmulHost() {
+  Tensor w = torch::randn({10, 10}).to(torch::kCUDA);
+  Tensor x = torch::randn({10, 10});
+  Tensor y = torch::matmul(x, w);
+  // CHECK-MESSAGES: :[[@LINE-1]]:14: error: 'matmul' combines the CPU tensor 'x' with 'w'
+  // CHECK-FIXES: {{^}}  Tensor y = torch::matmul(x.to(w.device()), w);{{$}}
+}
+
+// ===== negatives ============================================================
+
+void runtimeDevice() {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  torch::nn::Linear model(10, 2);
+  model->to(device);
+  Tensor x = torch::randn({8, 10});
+  Tensor y = model->forward(x);
+  Tensor z = torch::randn({8, 2}).to(device) + y;
+}
+
+void inputMovedToo() {
+  torch::nn::Linear model(10, 2);
+  model->to(torch::kCUDA);
+  Tensor x = torch::randn({8, 10}).to(torch::kCUDA);
+  Tensor y = model->forward(x);
+}
+
+void moduleMovedInBranch(bool gpu) {
+  torch::nn::Linear model(10, 2);
+  if (gpu)
+    model->to(torch::kCUDA);
+  Tensor y = model->forward(torch::randn({8, 10}));
+}
+
+void parameterInput(torch::nn::Linear &model, const Tensor &x) {
+  model->to(torch::kCUDA);
+  Tensor y = model->forward(x); // x's device is not shown
+}
+
+void cpuScalarOk() {
+  Tensor a = torch::randn({4}).cuda();
+  Tensor c = a * torch::tensor(0.5);
+  Tensor d = a / a.cpu().max();
+}
+
+void copyIntoHost() {
+  Tensor gpu = torch::randn({4}).cuda();
+  Tensor host = torch::empty({4});
+  host.copy_(gpu);
+}
