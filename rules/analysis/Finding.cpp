@@ -26,6 +26,8 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::ViewThrows, "view-throws"},
     {HazardKind::ImplicitCopy, "implicit-copy"},
     {HazardKind::LoopInvariantCopy, "loop-invariant-copy"},
+    {HazardKind::LeafInplace, "leaf-inplace"},
+    {HazardKind::SavedInplace, "saved-inplace"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -37,6 +39,7 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::UseSource, "use-source"},
     {FixKind::HoistOutOfLoop, "hoist-out-of-loop"},
     {FixKind::HoistAndCopyInto, "hoist-and-copy-into"},
+    {FixKind::NoGradBlock, "no-grad-block"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -51,6 +54,9 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::Escapes, "escapes"},
     {Fact::LoopInvariant, "loop-invariant"},
     {Fact::WrittenInLoop, "written-in-loop"},
+    {Fact::LeafRequiresGrad, "leaf-requires-grad"},
+    {Fact::SavedForBackward, "saved-for-backward"},
+    {Fact::BackwardInFunction, "backward-in-function"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},
