@@ -44,10 +44,12 @@ void InplaceOnLeafCheck::check(const MatchFinder::MatchResult &Result) {
   bool View = F.Kind == GradKind::LeafView;
   std::string Name = tensorName(Target, Ctx);
   {
-    auto D = diag(Loc, "in-place '%0' on %2, %select{a|a view of a}1 leaf tensor that requires "
-                       "grad, while grad mode is on: PyTorch raises \"%select{a|a view of a}1 "
-                       "leaf Variable that requires grad is being used in an in-place "
-                       "operation.\"")
+    auto D = diag(Loc,
+                  "in-place '%0' on %2, %select{a|a view of a}1 leaf tensor that requires "
+                  "grad, while grad mode is on: PyTorch raises \"%select{a|a view of a}1 "
+                  "leaf Variable that requires grad is being used in an in-place "
+                  "operation.\"",
+                  DiagnosticIDs::Error)
              << writeCallName(Write) << View << Name;
     auto Fix = noGradBlockFix(Write, FD->getBody(), Target, Ctx);
     if (Fix)

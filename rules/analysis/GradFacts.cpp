@@ -472,15 +472,19 @@ void GradFacts::run(const FunctionDecl *FD) {
   Opts.AddTemporaryDtors = false;
   Opts.AddLifetime = false;
   Opts.setAllAlwaysAdd();
-  std::unique_ptr<CFG> Cfg = CFG::buildCFG(FD, Body, &Ctx, Opts);
+  Cfg = CFG::buildCFG(FD, Body, &Ctx, Opts);
   if (!Cfg)
     return;
   Impl D(*this);
   ForwardDataflow<Impl> Flow(*Cfg, D);
-  if (!Flow.solve(Impl::State{}))
+  if (!Flow.solve(Impl::State{})) {
+    Cfg.reset();
     return;
+  }
   D.Recording = true;
-  Flow.replay([](const CFGBlock &, unsigned, const Stmt *, const Impl::State &) {});
+  Flow.replay([this](const CFGBlock &B, unsigned I, const Stmt *S, const Impl::State &) {
+    Positions[S] = {&B, I};
+  });
 }
 
 GradFact GradFacts::factOf(const Expr *E) const {

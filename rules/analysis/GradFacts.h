@@ -13,6 +13,12 @@
 #include "llvm/ADT/DenseSet.h"
 
 #include <cstdint>
+#include <memory>
+
+namespace clang {
+class CFG;
+class CFGBlock;
+} // namespace clang
 
 namespace clang::tidy::tensor {
 
@@ -67,6 +73,15 @@ public:
   /// in-place writes are not recorded by autograd.
   static bool runsWithoutGrad(const CallExpr *Call);
 
+  /// The CFG the facts were computed on (every sub-expression an element),
+  /// and where S is in it: for searches from a point. Null / {null, 0} when
+  /// the body was not analysed or S is not an element.
+  const CFG *cfg() const { return Cfg.get(); }
+  std::pair<const CFGBlock *, unsigned> position(const Stmt *S) const {
+    auto It = Positions.find(S);
+    return It == Positions.end() ? std::pair<const CFGBlock *, unsigned>{nullptr, 0} : It->second;
+  }
+
   struct Impl;
 
 private:
@@ -74,6 +89,8 @@ private:
   ASTContext &Ctx;
   llvm::DenseMap<const Expr *, GradFact> Facts;
   llvm::DenseSet<const Stmt *> NoGradStmts;
+  std::unique_ptr<CFG> Cfg;
+  llvm::DenseMap<const Stmt *, std::pair<const CFGBlock *, unsigned>> Positions;
 };
 
 /// True when S (inside Body) runs under a `NoGradGuard` (or
