@@ -337,8 +337,6 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
   if (!OnTensor && N == "requires_grad" && isInNamespace(M, {"tt", "c10", "at", "torch"}))
     return optionsFact(Call); // TensorOptions().requires_grad(true)
   if (OnTensor) {
-    if (N == "requires_grad_" || N == "set_requires_grad")
-      return evalRequiresGradCall(Call, St);
     if (N == "grad" || N == "mutable_grad")
       return {GradKind::NoGrad, nullptr};
     return combineInputs(Call, St); // a tensor method the table does not list
@@ -364,6 +362,10 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
   const FunctionDecl *FD = Call->getDirectCallee();
   if (FD && FD->getIdentifier() && FD->getName() == "register_parameter")
     return {GradKind::Leaf, Call};
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+      MC && FD && FD->getIdentifier() && Model.isTensorExpr(MC->getImplicitObjectArgument()) &&
+      (FD->getName() == "requires_grad_" || FD->getName() == "set_requires_grad"))
+    return evalRequiresGradCall(MC, St);
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
     OverloadedOperatorKind K = OC->getOperator();
     if (K == OO_Call && OC->getNumArgs() && isModuleHolderType(OC->getArg(0)->getType()))
