@@ -195,6 +195,15 @@ bool isTrue(const Expr *E, ASTContext &Ctx) {
 }
 } // namespace
 
+const Expr *passedTensor(const Expr *E, const TensorModel &Model) {
+  if (Model.isTensorExpr(E))
+    return E;
+  const auto *CE = dyn_cast<CXXConstructExpr>(stripHandle(E));
+  if (CE && CE->getNumArgs() >= 1 && Model.isTensorExpr(CE->getArg(0)))
+    return CE->getArg(0);
+  return nullptr;
+}
+
 // --- the dataflow domain -------------------------------------------------------------------
 
 struct GradFacts::Impl {
@@ -267,8 +276,9 @@ GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) c
   for (const Expr *A : Call->arguments())
     Ins.push_back(A);
   bool Any = false;
-  for (const Expr *In : Ins) {
-    if (!Model.isTensorExpr(In))
+  for (const Expr *Passed : Ins) {
+    const Expr *In = passedTensor(Passed, Model);
+    if (!In)
       continue;
     Any = true;
     GradFact F = eval(In, St);

@@ -93,6 +93,10 @@ private:
   llvm::DenseMap<const Stmt *, std::pair<const CFGBlock *, unsigned>> Positions;
 };
 
+/// The tensor E passes: E itself, or the tensor a wrapper is built from
+/// (tt's `detail::LocatedTensor` operands); null when E is not a tensor.
+const Expr *passedTensor(const Expr *E, const TensorModel &Model);
+
 /// True when S (inside Body) runs under a `NoGradGuard` (or
 /// `AutoGradMode(false)` / `InferenceMode`) declared in an enclosing block.
 bool isUnderNoGrad(const Stmt *S, const Stmt *Body);

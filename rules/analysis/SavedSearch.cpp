@@ -67,7 +67,7 @@ llvm::StringRef opName(const CallExpr *Call, const TensorModel &Model) {
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
     bool Tensors = false;
     for (const Expr *A : OC->arguments())
-      Tensors |= Model.isTensorExpr(A);
+      Tensors |= passedTensor(A, Model) != nullptr;
     if (!Tensors || OC->getNumArgs() != 2)
       return "";
     return OC->getOperator() == OO_Star ? "mul" : OC->getOperator() == OO_Slash ? "div" : "";
@@ -82,8 +82,8 @@ llvm::SmallVector<const Expr *, 3> tensorInputs(const CallExpr *Call, const Tens
   if (const Expr *Self = TensorModel::selfOf(Call); Self && !isa<CXXOperatorCallExpr>(Call))
     In.push_back(Self);
   for (const Expr *A : Call->arguments())
-    if (Model.isTensorExpr(A))
-      In.push_back(A);
+    if (const Expr *T = passedTensor(A, Model))
+      In.push_back(T);
   return In;
 }
 
