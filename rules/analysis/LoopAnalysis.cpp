@@ -41,6 +41,7 @@ bool aliasing(const sem::OpInfo *Op) {
                 Op->storage == sem::Storage::Detach || Op->storage == sem::Storage::InPlace);
 }
 
+
 bool isInPlaceCall(const CallExpr *C) {
   const FunctionDecl *FD = C->getDirectCallee();
   return FD && FD->getIdentifier() && sem::isInPlaceName(FD->getName());
@@ -138,6 +139,7 @@ void LoopAnalysis::unite(const VarDecl *A, const VarDecl *B) {
   if (RA != RB)
     Parent[RA] = RB;
 }
+
 
 void LoopAnalysis::basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *> &Out) const {
   E = stripHandle(E);
@@ -622,8 +624,7 @@ bool LoopAnalysis::isInvariantCall(const CallExpr *C, const Stmt *Loop, unsigned
   }
   // Library value constructors and tensor ops in tt/torch/at (kCUDA,
   // torch::Device("cuda"), torch::matmul(a, b)...), but not random factories.
-  if (Callee && isTensorLibraryCode(Callee) && !isa<CXXMethodDecl>(Callee) &&
-      Callee->getIdentifier()) {
+  if (Callee && isTensorLibraryCode(Callee) && !isa<CXXMethodDecl>(Callee) && Callee->getIdentifier()) {
     llvm::StringRef N = Callee->getName();
     if (N.starts_with("rand") || N == "normal" || N == "bernoulli" || N == "multinomial" ||
         N == "empty" || N == "empty_like")
