@@ -361,9 +361,8 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
     return isParameterFreeModule(Obj->getType())
                ? combineInputs(Call, St)
                : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
-  // Element access on a container of parameters: begin(), value(), at()...
-  GradFact O = eval(Obj, St);
-  return O.Kind == GradKind::Leaf ? O : GradFact{};
+  // Element access on a container: begin(), value(), at()...
+  return eval(Obj, St);
 }
 
 GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const {
@@ -384,9 +383,9 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
                  : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
     bool Access = K == OO_Arrow || K == OO_Subscript || (K == OO_Star && OC->getNumArgs() == 1);
     if (Access && !Model.isTensorExpr(OC->getArg(0))) {
-      // `*it`, `it->`, `params[i]` on a container of parameters.
-      GradFact O = eval(OC->getArg(0), St);
-      return O.Kind == GradKind::Leaf ? O : GradFact{};
+      // `*it`, `it->`, `params[i]`: elements of a container of parameters,
+      // or of the tensors an op returned (`chunk`, `split`).
+      return eval(OC->getArg(0), St);
     }
     if (isCompoundAssign(K) && Model.isTensorExpr(OC->getArg(0)))
       return eval(OC->getArg(0), St);            // returns self
