@@ -15,7 +15,7 @@ InplaceOnLeafCheck::InplaceOnLeafCheck(StringRef Name, ClangTidyContext *Context
     : TensorCheck(Name, Context) {}
 
 void InplaceOnLeafCheck::registerMatchers(MatchFinder *Finder) {
-  Finder->addMatcher(callExpr(unless(isExpansionInSystemHeader())).bind("write"), this);
+  registerWriteMatcher(Finder, this);
 }
 
 void InplaceOnLeafCheck::onEndOfTranslationUnit() {
@@ -24,17 +24,11 @@ void InplaceOnLeafCheck::onEndOfTranslationUnit() {
 }
 
 void InplaceOnLeafCheck::check(const MatchFinder::MatchResult &Result) {
-  const auto *Write = Result.Nodes.getNodeAs<CallExpr>("write");
+  std::optional<GradWrite> GW = matchedGradWrite(Result, Model);
+  if (!GW || !GW->G->gradEnabledAt(GW->Write))
+    return;
+  const auto [Write, Target, FD, G] = *GW;
   ASTContext &Ctx = *Result.Context;
-  const Expr *Target = Model.inPlaceTarget(Write);
-  if (!Target || GradFacts::runsWithoutGrad(Write))
-    return;
-  const FunctionDecl *FD = enclosingFunction(Write, Ctx);
-  if (!FD || FD->isDependentContext() || isTensorLibraryCode(FD))
-    return;
-  const GradFacts *G = AnalysisManager::get(Model, Ctx).gradAt(Write);
-  if (!G || !G->gradEnabledAt(Write))
-    return;
   GradFact F = G->factOf(Target);
   if (!F.isGradLeafOrView())
     return;

@@ -16,7 +16,7 @@ InplaceOnSavedCheck::InplaceOnSavedCheck(StringRef Name, ClangTidyContext *Conte
     : TensorCheck(Name, Context) {}
 
 void InplaceOnSavedCheck::registerMatchers(MatchFinder *Finder) {
-  Finder->addMatcher(callExpr(unless(isExpansionInSystemHeader())).bind("write"), this);
+  registerWriteMatcher(Finder, this);
 }
 
 void InplaceOnSavedCheck::onEndOfTranslationUnit() {
@@ -41,17 +41,13 @@ std::string opLabel(const CallExpr *Op) {
 } // namespace
 
 void InplaceOnSavedCheck::check(const MatchFinder::MatchResult &Result) {
-  const auto *Write = Result.Nodes.getNodeAs<CallExpr>("write");
+  std::optional<GradWrite> GW = matchedGradWrite(Result, Model);
+  if (!GW)
+    return;
+  const auto [Write, Target, FD, G] = *GW;
   ASTContext &Ctx = *Result.Context;
-  const Expr *Target = Model.inPlaceTarget(Write);
-  if (!Target || GradFacts::runsWithoutGrad(Write))
-    return;
   const auto *Root = dyn_cast<DeclRefExpr>(stripHandle(viewRoot(Target, Model)));
-  const FunctionDecl *FD = enclosingFunction(Write, Ctx);
-  if (!Root || !FD || FD->isDependentContext() || isTensorLibraryCode(FD))
-    return;
-  const GradFacts *G = AnalysisManager::get(Model, Ctx).gradAt(Write);
-  if (!G || !G->cfg() || G->factOf(Target).isGradLeafOrView())
+  if (!Root || !G->cfg() || G->factOf(Target).isGradLeafOrView())
     return; // a leaf: tensor-inplace-on-leaf
   SavedBy S = findSaver(*G, Model, Root->getDecl(), Write);
   if (!S.Op)

@@ -32,6 +32,11 @@ public:
   const GradFacts *gradAt(const Stmt *S);
 
 private:
+  /// The analysis of S's function in Slots, made by Make(FD) on first use.
+  template <typename T, typename MakeFn>
+  T *cachedFor(const Stmt *S, llvm::DenseMap<const FunctionDecl *, std::unique_ptr<T>> &Slots,
+               MakeFn Make);
+
   const TensorModel &Model;
   ASTContext &Ctx;
   AliasAnalysis Alias;

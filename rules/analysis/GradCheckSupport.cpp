@@ -1,6 +1,7 @@
 #include "analysis/GradCheckSupport.h"
 
 #include "analysis/AliasCheckSupport.h"
+#include "analysis/AnalysisManager.h"
 #include "analysis/AstHelpers.h"
 
 #include "clang/AST/ASTContext.h"
@@ -8,6 +9,29 @@
 #include "clang/Lex/Lexer.h"
 
 namespace clang::tidy::tensor {
+
+void registerWriteMatcher(ast_matchers::MatchFinder *Finder,
+                          ast_matchers::MatchFinder::MatchCallback *CB) {
+  using namespace ast_matchers;
+  Finder->addMatcher(callExpr(unless(isExpansionInSystemHeader())).bind("write"), CB);
+}
+
+std::optional<GradWrite> matchedGradWrite(const ast_matchers::MatchFinder::MatchResult &Result,
+                                          const TensorModel &Model) {
+  GradWrite W;
+  W.Write = Result.Nodes.getNodeAs<CallExpr>("write");
+  ASTContext &Ctx = *Result.Context;
+  W.Target = W.Write ? Model.inPlaceTarget(W.Write) : nullptr;
+  if (!W.Target || GradFacts::runsWithoutGrad(W.Write))
+    return std::nullopt;
+  W.FD = enclosingFunction(W.Write, Ctx);
+  if (!W.FD || W.FD->isDependentContext() || isTensorLibraryCode(W.FD))
+    return std::nullopt;
+  W.G = AnalysisManager::get(Model, Ctx).gradAt(W.Write);
+  if (!W.G)
+    return std::nullopt;
+  return W;
+}
 
 std::string tensorName(const Expr *E, ASTContext &Ctx) {
   std::string T = text(stripHandle(E), Ctx);

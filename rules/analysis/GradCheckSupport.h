@@ -6,6 +6,9 @@
 #include "analysis/Finding.h"
 #include "analysis/GradFacts.h"
 
+#include "analysis/TensorModel.h"
+
+#include "clang/ASTMatchers/ASTMatchFinder.h"
 #include "clang/Basic/Diagnostic.h"
 #include "llvm/ADT/SmallVector.h"
 
@@ -13,6 +16,25 @@
 #include <string>
 
 namespace clang::tidy::tensor {
+
+/// Matches every call outside system headers as "write" (the autograd checks
+/// then keep the in-place writes).
+void registerWriteMatcher(ast_matchers::MatchFinder *Finder,
+                          ast_matchers::MatchFinder::MatchCallback *CB);
+
+/// An in-place write the autograd checks look at: its target, the function it
+/// is in and that function's autograd facts.
+struct GradWrite {
+  const CallExpr *Write = nullptr;
+  const Expr *Target = nullptr;
+  const FunctionDecl *FD = nullptr;
+  const GradFacts *G = nullptr;
+};
+/// The "write" match as a GradWrite; nullopt when it is no in-place write,
+/// runs without grad (`torch::nn::init::*`), is library or dependent code, or
+/// the function has no facts.
+std::optional<GradWrite> matchedGradWrite(const ast_matchers::MatchFinder::MatchResult &Result,
+                                          const TensorModel &Model);
 
 /// "'w'", "'lin->weight'": the written tensor as spelled, quoted.
 std::string tensorName(const Expr *E, ASTContext &Ctx);
