@@ -12,6 +12,8 @@
 #include "ViewNonContiguousCheck.h"
 #include "InplaceOnExpandedCheck.h"
 #include "InplaceOverlapCheck.h"
+#include "InplaceOnLeafCheck.h"
+#include "InplaceOnSavedCheck.h"
 
 namespace clang::tidy::tensor {
 
@@ -27,6 +29,8 @@ public:
     Factories.registerCheck<InplaceOverlapCheck>("tensor-inplace-overlap");
     Factories.registerCheck<CopyNarrowingCheck>("tensor-copy-narrowing");
     Factories.registerCheck<DeviceMismatchCheck>("tensor-device-mismatch");
+    Factories.registerCheck<InplaceOnLeafCheck>("tensor-inplace-on-leaf");
+    Factories.registerCheck<InplaceOnSavedCheck>("tensor-inplace-on-saved");
   }
 };
 

@@ -18,7 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHECKS = ["tensor-alias-then-mutate", "tensor-reshape-non-contiguous",
           "tensor-view-non-contiguous", "tensor-inplace-on-detached", "tensor-clone-in-loop",
           "tensor-inplace-on-expanded", "tensor-inplace-overlap",
-          "tensor-copy-narrowing", "tensor-device-mismatch"]
+          "tensor-copy-narrowing", "tensor-device-mismatch",
+          "tensor-inplace-on-leaf", "tensor-inplace-on-saved"]
 TORCH_FLAGS = "-isystem /usr/include/torch/csrc/api/include"
 
 

@@ -39,26 +39,39 @@ AnalysisManager &AnalysisManager::get(const TensorModel &Model, ASTContext &Ctx)
 
 void AnalysisManager::release() { instances().clear(); }
 
-const LayoutAnalysis *AnalysisManager::layoutAt(const Stmt *S) {
+template <typename T, typename MakeFn>
+T *AnalysisManager::cachedFor(const Stmt *S,
+                              llvm::DenseMap<const FunctionDecl *, std::unique_ptr<T>> &Slots,
+                              MakeFn Make) {
   const FunctionDecl *FD = enclosingFunction(S, Ctx);
   if (!FD || !FD->hasBody())
     return nullptr;
-  auto &Slot = Layouts[FD];
-  if (!Slot) {
-    Slot = std::make_unique<LayoutAnalysis>(Model, Ctx);
-    Slot->run(FD);
-  }
+  auto &Slot = Slots[FD];
+  if (!Slot)
+    Slot = Make(FD);
   return Slot.get();
 }
 
+const LayoutAnalysis *AnalysisManager::layoutAt(const Stmt *S) {
+  return cachedFor(S, Layouts, [this](const FunctionDecl *FD) {
+    auto L = std::make_unique<LayoutAnalysis>(Model, Ctx);
+    L->run(FD);
+    return L;
+  });
+}
+
 LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
-  const FunctionDecl *FD = enclosingFunction(S, Ctx);
-  if (!FD || !FD->hasBody())
-    return nullptr;
-  auto &Slot = Loops[FD];
-  if (!Slot)
-    Slot = std::make_unique<LoopAnalysis>(Model, Ctx, FD);
-  return Slot.get();
+  return cachedFor(S, Loops, [this](const FunctionDecl *FD) {
+    return std::make_unique<LoopAnalysis>(Model, Ctx, FD);
+  });
+}
+
+const GradFacts *AnalysisManager::gradAt(const Stmt *S) {
+  return cachedFor(S, Grads, [this](const FunctionDecl *FD) {
+    auto G = std::make_unique<GradFacts>(Model, Ctx);
+    G->run(FD);
+    return G;
+  });
 }
 
 } // namespace clang::tidy::tensor

@@ -31,6 +31,8 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::OverlapOrderDependent, "overlap-order-dependent"},
     {HazardKind::NarrowingCopy, "narrowing-copy"},
     {HazardKind::DeviceMismatch, "device-mismatch"},
+    {HazardKind::LeafInplace, "leaf-inplace"},
+    {HazardKind::SavedInplace, "saved-inplace"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -46,6 +48,7 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::CloneSource, "clone-source"},
     {FixKind::ExplicitConvert, "explicit-convert"},
     {FixKind::ToOtherDevice, "to-other-device"},
+    {FixKind::NoGradBlock, "no-grad-block"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -66,6 +69,9 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::AssumedFloat32, "assumed-float32"},
     {Fact::DevicesKnown, "devices-known"},
     {Fact::ModuleMoved, "module-moved"},
+    {Fact::LeafRequiresGrad, "leaf-requires-grad"},
+    {Fact::SavedForBackward, "saved-for-backward"},
+    {Fact::BackwardInFunction, "backward-in-function"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},

@@ -42,6 +42,8 @@ enum class HazardKind {
   OverlapOrderDependent, // ... where PyTorch cannot tell: the result depends on order
   NarrowingCopy,      // copy_ silently converts to a narrower dtype
   DeviceMismatch,     // an op combines tensors on two devices: throws
+  LeafInplace,        // an in-place write on a leaf that requires grad (autograd refuses)
+  SavedInplace,       // an in-place write on a tensor saved for backward (backward refuses)
 };
 
 /// What the offered fix-it does (None: no fix-it).
@@ -59,6 +61,7 @@ enum class FixKind {
   CloneSource,      // dst.copy_(src) -> dst.copy_(src.clone())
   ExplicitConvert,  // copy_(src) -> copy_(src.to(dst.scalar_type()))
   ToOtherDevice,    // x -> x.to(other.device())
+  NoGradBlock,      // the update wrapped in `{ torch::NoGradGuard no_grad; ... }`
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
@@ -82,6 +85,9 @@ enum class Fact {
   AssumedFloat32,    // a source of unknown dtype taken as float32
   DevicesKnown,      // both devices are shown by the code
   ModuleMoved,       // a module's parameters were moved to the device
+  LeafRequiresGrad,   // the written tensor is a leaf (or a view of one) that requires grad
+  SavedForBackward,   // an earlier op saved the written tensor for its backward
+  BackwardInFunction, // backward() through that op runs later in the same function
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line

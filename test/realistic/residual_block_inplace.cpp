@@ -1,38 +1,48 @@
-// ResNet basic block written with in-place activations to save memory.
+// A residual MLP block for tabular data, trained with Adam.
 #include <torch/torch.h>
 
-struct BasicBlockImpl : torch::nn::Module {
-  BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
-    c1_ = register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
-    b1_ = register_module("b1", torch::nn::BatchNorm2d(out));
-    c2_ = register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
-    b2_ = register_module("b2", torch::nn::BatchNorm2d(out));
-    if (stride != 1 || in != out)
-      down_ = register_module("down", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+struct ResidualBlock : torch::nn::Module {
+  ResidualBlock(int64_t d) {
+    fc1 = register_module("fc1", torch::nn::Linear(d, d));
+    fc2 = register_module("fc2", torch::nn::Linear(d, d));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   }
-
-  torch::Tensor forward(const torch::Tensor &x) {
+  torch::Tensor forward(torch::Tensor x) {
     auto identity = x;
-    auto out = b1_(c1_(x));
-    // FACT: x = torch.randn(2, 3, 4, 4); o = torch.nn.BatchNorm2d(3)(x); assert is_copy_of(o, x)
-    out.relu_(); // LOOKALIKE: tensor-alias-then-mutate -- batch norm output is a fresh tensor
-    out = b2_(c2_(out));
-    if (down_)
-      identity = down_(x);
-    // FACT: x = torch.randn(2, 3); i = x; o = x * 2; o += i; assert is_copy_of(o, x)
-    out += identity; // LOOKALIKE: tensor-alias-then-mutate -- writes out, not the identity alias
-    return out.relu_();
+    auto out = torch::relu(fc1(norm(x)));
+    out = fc2(out);
+    out += identity; // LOOKALIKE: tensor-inplace-on-saved -- Linear does not save its output
+    return out;
   }
-
-  torch::nn::Conv2d c1_{nullptr}, c2_{nullptr}, down_{nullptr};
-  torch::nn::BatchNorm2d b1_{nullptr}, b2_{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
 };
-TORCH_MODULE(BasicBlock);
 
-// Pre-activation variant: the skip path keeps the block input.
-torch::Tensor preact_block(BasicBlock &blk, const torch::Tensor &x) {
-  auto h = x.flatten(2);
-  // FACT: x = torch.randn(2, 3, 4, 5); h = x.flatten(2); h.relu_(); assert shares_storage(h, x) and x.min() >= 0
-  h.relu_(); // EXPECT: tensor-alias-then-mutate
-  return blk->forward(h.view_as(x)) + x;
+struct GatedBlock : torch::nn::Module {
+  GatedBlock(int64_t d) {
+    fc = register_module("fc", torch::nn::Linear(d, d));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto h = torch::relu(fc(x));
+    // FACT: fc = torch.nn.Linear(3, 3); x = torch.randn(2, 3); assert backward_fails(lambda: (lambda h: (h.add_(x), h.sum().backward()))(torch.relu(fc(x))))
+    h += x; // EXPECT: tensor-inplace-on-saved
+    return h;
+  }
+  torch::nn::Linear fc{nullptr};
+};
+
+int main() {
+  ResidualBlock block(16);
+  GatedBlock gated(16);
+  torch::optim::Adam opt(block.parameters(), 1e-3);
+  for (int step = 0; step < 10; ++step) {
+    auto x = torch::randn({32, 16});
+    auto y = torch::randn({32, 16});
+    auto loss = torch::mse_loss(block.forward(x), y);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  auto z = gated.forward(torch::randn({4, 16}));
+  (void)z;
 }

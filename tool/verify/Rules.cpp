@@ -312,6 +312,74 @@ FixJudgement deviceFix(const FixInput &In, json::Object &) {
   return J;
 }
 
+// ----------------------------------------------------- autograd refusals --
+
+// The first error event after index From whose message contains Text.
+const Event *errorAfter(const Trace &T, std::size_t From, StringRef Text) {
+  for (const Event &E : T.Events)
+    if (E.Kind == EventKind::Error && E.Index >= From && StringRef(E.Message).contains(Text))
+      return &E;
+  return nullptr;
+}
+
+constexpr StringLiteral LeafError = "leaf Variable that requires grad";
+constexpr StringLiteral SavedError = "modified by an inplace operation";
+
+HazardJudgement leafHazard(const HazardInput &In, json::Object &) {
+  HazardJudgement J;
+  if (In.Err && StringRef(In.Err->Message).contains(LeafError)) {
+    J.Verdict = HazardVerdict::Confirmed;
+    J.Evidence.push_back(
+        formatv("the in-place write at {0} raised \"{1}\"", In.Where, In.Err->Message).str());
+  } else {
+    J.Evidence.push_back("the write at " + In.Where + " ran without the leaf error");
+  }
+  return J;
+}
+
+FixJudgement leafFix(const FixInput &In, json::Object &) {
+  FixJudgement J;
+  if (const Event *E = In.Fixed.errorAt(In.File, In.FixedLine);
+      E && StringRef(E->Message).contains(LeafError))
+    J.Remains = "the fixed program still raises the leaf error at " + In.Where;
+  else
+    J.Gone = "the write at " + In.Where + " ran under no-grad, without the leaf error";
+  return J;
+}
+
+HazardJudgement savedHazard(const HazardInput &In, json::Object &Figures) {
+  HazardJudgement J;
+  const Event *W = nullptr;
+  for (const Event *E : In.At)
+    if (E->Kind == EventKind::Write && !W)
+      W = E;
+  if (!W) {
+    J.Evidence.push_back("no in-place write at " + In.Where + " in the trace");
+    return J;
+  }
+  Figures["written_storage"] = W->Out;
+  if (const Event *E = errorAfter(In.T, W->Index, SavedError)) {
+    J.Verdict = HazardVerdict::Confirmed;
+    J.Evidence.push_back(formatv("{0} at {1} wrote storage #{2}, then backward() raised \"{3}\"",
+                                 W->Op, In.Where, W->Out, E->Message)
+                             .str());
+  } else {
+    J.Evidence.push_back(
+        formatv("{0} at {1} wrote storage #{2}; no backward() raised", W->Op, In.Where, W->Out)
+            .str());
+  }
+  return J;
+}
+
+FixJudgement savedFix(const FixInput &In, json::Object &) {
+  FixJudgement J;
+  if (errorAfter(In.Fixed, 0, SavedError))
+    J.Remains = "backward() in the fixed program still finds a saved tensor modified";
+  else
+    J.Gone = "backward() ran: nothing it saved was written in place at " + In.Where;
+  return J;
+}
+
 // ------------------------------------------------------------- the table --
 
 const CheckRule Rules[] = {
@@ -324,6 +392,8 @@ const CheckRule Rules[] = {
     {"tensor-inplace-overlap", HazardKind::OverlapThrows, true, overlapWriteHazard, viewFix},
     {"tensor-copy-narrowing", HazardKind::NarrowingCopy, false, narrowingHazard, narrowingFix},
     {"tensor-device-mismatch", HazardKind::DeviceMismatch, false, deviceHazard, deviceFix, true},
+    {"tensor-inplace-on-leaf", HazardKind::LeafInplace, true, leafHazard, leafFix},
+    {"tensor-inplace-on-saved", HazardKind::SavedInplace, true, savedHazard, savedFix},
 };
 
 } // namespace

@@ -1,0 +1,279 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-inplace-on-saved %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-inplace-on-saved %t.plugin -- --fix-errors -- %torch_include
+#include <torch/torch.h>
+
+using torch::Tensor;
+
+struct Res : torch::nn::Module {
+  Res() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 8));
+    fc2 = register_module("fc2", torch::nn::Linear(8, 8));
+    bn = register_module("bn", torch::nn::BatchNorm1d(8));
+    w = register_parameter("w", torch::ones({8}));
+  }
+  Tensor forward(Tensor x) {
+    auto identity = x;
+    auto out = torch::relu(fc1(x));
+    out += identity;
+    // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place '+=' on 'out', which 'relu' saved for backward (its result): backward() through 'relu' raises "one of the variables needed for gradient computation has been modified by an inplace operation" [tensor-inplace-on-saved]
+    // CHECK-FIXES: {{^}}    out = out + identity;{{$}}
+    return fc2(out);
+  }
+  Tensor forwardResNetOrder(Tensor x) {
+    auto identity = x;
+    auto out = bn(fc1(x));
+    out += identity;
+    out = torch::relu(out);
+    return fc2(out);
+  }
+  Tensor forwardReassigned(Tensor x) {
+    x = torch::relu(fc1(x));
+    x += fc2(x);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place '+=' on 'x', which 'relu' saved
+    return x;
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  Tensor w;
+};
+
+// ===== positives ============================================================
+
+void reluThenBias(Res &m, const Tensor &x, const Tensor &b, const Tensor &y) {
+  auto h = torch::relu(m.fc1(x));
+  h.add_(b);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'add_' on 'h', which 'relu' saved for backward (its result): backward() raises "one of the variables needed for gradient computation has been modified by an inplace operation"
+  // CHECK-FIXES: {{^}}  h = h.add(b);{{$}}
+  auto loss = torch::mse_loss(m.fc2(h), y);
+  loss.backward();
+}
+
+void sigmoidScaled(Res &m, const Tensor &x) {
+  auto y = torch::sigmoid(m.fc1(x));
+  y.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'mul_' on 'y', which 'sigmoid' saved
+  y.sum().backward();
+}
+
+void tanhClamped(Res &m, const Tensor &x) {
+  auto t = torch::tanh(m.fc1(x));
+  t.clamp_(-0.5, 0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'clamp_' on 't', which 'tanh' saved
+  t.mean().backward();
+}
+
+void expNormalised(Res &m, const Tensor &x) {
+  auto e = torch::exp(m.fc1(x));
+  e.div_(e.sum());
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'div_' on 'e', which 'exp' saved
+  e.sum().backward();
+}
+
+void softmaxFloor(Res &m, const Tensor &x) {
+  auto p = torch::softmax(m.fc1(x), 1);
+  p.clamp_(1e-6, 1.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'clamp_' on 'p', which 'softmax' saved
+  torch::log(p).sum().backward();
+}
+
+void maskedLogProbs(Res &m, const Tensor &x, const Tensor &mask) {
+  auto lp = torch::log_softmax(m.fc1(x), 1);
+  lp.mul_(mask);
+  // CHECK-MESSAGES: :[[@LINE-1]]:6: error: in-place 'mul_' on 'lp', which 'log_softmax' saved
+  (-lp.sum()).backward();
+}
+
+void logInput(Res &m, const Tensor &x) {
+  auto a = torch::sigmoid(m.fc1(x)) + 1;
+  auto l = torch::log(a);
+  a.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'add_' on 'a', which 'log' saved for backward (its input)
+  l.sum().backward();
+}
+
+void gatedByParameter(Res &m, const Tensor &x) {
+  auto h = m.fc1(x);
+  auto g = h * m.w;
+  h.mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'mul_' on 'h', which 'operator*' saved for backward (its input)
+  g.sum().backward();
+}
+
+void lossInput(Res &m, const Tensor &x, const Tensor &y) {
+  auto pred = m.fc1(x);
+  auto loss = torch::mse_loss(pred, y);
+  pred.clamp_(0, 1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: error: in-place 'clamp_' on 'pred', which 'mse_loss' saved for backward (its input)
+  loss.backward();
+}
+
+void rowOfSaved(Res &m, const Tensor &x) {
+  auto h = torch::relu(m.fc1(x));
+  h[0].zero_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: error: in-place 'zero_' on 'h', which 'relu' saved
+  h.sum().backward();
+}
+
+void sqrtEps(Res &m, const Tensor &x) {
+  auto s = torch::sqrt(m.fc1(x).abs());
+  s.add_(1e-6);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'add_' on 's', which 'sqrt' saved
+  s.sum().backward();
+}
+
+void methodSigmoid(Res &m, const Tensor &x) {
+  auto h = m.fc1(x).sigmoid();
+  h.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'mul_' on 'h', which 'sigmoid' saved
+  h.sum().backward();
+}
+
+void matmulInput(Res &m, const Tensor &x) {
+  auto a = m.fc1(x);
+  auto out = torch::matmul(a, m.fc2->weight);
+  a.relu_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'relu_' on 'a', which 'matmul' saved
+  out.sum().backward();
+}
+
+void trainLoop(Res &m, const Tensor &x, torch::optim::SGD &opt) {
+  for (int step = 0; step < 10; ++step) {
+    opt.zero_grad();
+    auto h = torch::relu(m.fc1(x));
+    h.add_(1);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: error: in-place 'add_' on 'h', which 'relu' saved
+    auto loss = h.sum();
+    loss.backward();
+    opt.step();
+  }
+}
+
+void geluInput(Res &m, const Tensor &x) {
+  auto a = m.fc1(x);
+  auto g = torch::gelu(a);
+  a.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'mul_' on 'a', which 'gelu' saved
+  g.sum().backward();
+}
+
+Tensor gradOfSaved(Res &m, const Tensor &x) {
+  auto y = torch::sigmoid(m.fc1(x));
+  y.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'add_' on 'y', which 'sigmoid' saved
+  return torch::autograd::grad({y.sum()}, {m.w}, {}, true)[0];
+}
+
+// ===== negatives (the idioms) ================================================
+
+void linearOutput(Res &m, Tensor x) {
+  x = m.fc1(x);
+  x.add_(1);
+  x.sum().backward();
+}
+
+void logSoftmaxInput(Res &m, const Tensor &x) {
+  auto q = m.fc1(x);
+  auto ls = torch::log_softmax(q, 1);
+  q.add_(1);
+  ls.sum().backward();
+}
+
+void writeBeforeRelu(Res &m, const Tensor &x) {
+  auto h = m.fc1(x);
+  h.add_(1);
+  h = torch::relu(h);
+  h.sum().backward();
+}
+
+void writeAfterBackward(Res &m, const Tensor &x) {
+  auto h = torch::relu(m.fc1(x));
+  h.sum().backward();
+  h.add_(1);
+}
+
+void freshGraphEachStep(Res &m, const Tensor &x) {
+  for (int i = 0; i < 3; ++i) {
+    auto h = torch::relu(m.fc1(x));
+    h.sum().backward();
+    h.add_(1);
+  }
+}
+
+void preprocess(const Tensor &batch) {
+  auto y = torch::sigmoid(batch);
+  y.mul_(2);
+}
+
+void inference(Res &m, const Tensor &x) {
+  torch::NoGradGuard no_grad;
+  auto y = torch::sigmoid(m.fc1(x));
+  y.mul_(2);
+}
+
+void dropoutOutput(Res &m, const Tensor &x) {
+  auto d = torch::dropout(m.fc1(x), 0.5, true);
+  d.mul_(2);
+  d.sum().backward();
+}
+
+void sumsAndMeans(Res &m, const Tensor &x) {
+  auto s = m.fc1(x) + m.fc2(x);
+  s.mul_(2);
+  auto mean = s.mean();
+  mean.mul_(2);
+  mean.backward();
+}
+
+void scalarFactor(Res &m, const Tensor &x) {
+  auto h = m.fc1(x);
+  auto y = h * 2;
+  h.add_(1);
+  auto z = h * torch::ones({8});
+  h.add_(1);
+  (y + z).sum().backward();
+}
+
+void cloneFirst(Res &m, const Tensor &x) {
+  auto h = torch::relu(m.fc1(x));
+  auto h2 = h.clone();
+  h2.add_(1);
+  h2.sum().backward();
+}
+
+void outOfPlace(Res &m, const Tensor &x) {
+  auto h = torch::relu(m.fc1(x));
+  h = h + 1;
+  h.add_(1);
+  h.sum().backward();
+}
+
+void crossEntropyLogits(Res &m, const Tensor &x, const Tensor &t) {
+  auto logits = m.fc1(x);
+  auto loss = torch::nn::functional::cross_entropy(logits, t);
+  logits.add_(1);
+  loss.backward();
+}
+
+void catResult(Res &m, const Tensor &x) {
+  auto c = torch::cat({torch::relu(m.fc1(x)), m.fc2(x)});
+  c.add_(1);
+  c.sum().backward();
+}
+
+void unknownInput(const Tensor &x) {
+  auto h = torch::relu(x);
+  h.add_(1);
+  h.sum().backward();
+}
+
+void leafWrite(Res &m, const Tensor &x) {
+  auto y = torch::sigmoid(m.w * 2);
+  m.w.data().add_(1);
+  y.sum().backward();
+}
+
+void noBackwardHere(Res &m, const Tensor &x) {
+  auto y = torch::sigmoid(m.fc1(x));
+  y.mul_(2);
+}
