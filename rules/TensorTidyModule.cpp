@@ -8,6 +8,7 @@
 #include "InplaceOnDetachedCheck.h"
 #include "ReshapeNonContiguousCheck.h"
 #include "ViewNonContiguousCheck.h"
+#include "GraphKeptAcrossIterationsCheck.h"
 
 namespace clang::tidy::tensor {
 
@@ -19,6 +20,7 @@ public:
     Factories.registerCheck<InplaceOnDetachedCheck>("tensor-inplace-on-detached");
     Factories.registerCheck<ReshapeNonContiguousCheck>("tensor-reshape-non-contiguous");
     Factories.registerCheck<CloneInLoopCheck>("tensor-clone-in-loop");
+    Factories.registerCheck<GraphKeptAcrossIterationsCheck>("tensor-graph-kept-across-iterations");
   }
 };
 

@@ -26,6 +26,7 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::ViewThrows, "view-throws"},
     {HazardKind::ImplicitCopy, "implicit-copy"},
     {HazardKind::LoopInvariantCopy, "loop-invariant-copy"},
+    {HazardKind::GraphKept, "graph-kept-across-iterations"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -37,6 +38,7 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::UseSource, "use-source"},
     {FixKind::HoistOutOfLoop, "hoist-out-of-loop"},
     {FixKind::HoistAndCopyInto, "hoist-and-copy-into"},
+    {FixKind::DetachKept, "detach-kept"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -51,6 +53,8 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::Escapes, "escapes"},
     {Fact::LoopInvariant, "loop-invariant"},
     {Fact::WrittenInLoop, "written-in-loop"},
+    {Fact::RequiresGrad, "requires-grad"},
+    {Fact::NotDifferentiated, "not-differentiated-later"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},

@@ -37,6 +37,7 @@ enum class HazardKind {
   ViewThrows,         // view() on a non-viewable layout throws
   ImplicitCopy,       // reshape/flatten silently copies
   LoopInvariantCopy,  // a copy of a loop-invariant tensor on every iteration
+  GraphKept,          // a value that requires grad kept across loop iterations
 };
 
 /// What the offered fix-it does (None: no fix-it).
@@ -50,6 +51,7 @@ enum class FixKind {
   UseSource,        // x.clone() -> x (never written)
   HoistOutOfLoop,   // the declaration moves before the loop
   HoistAndCopyInto, // one buffer before the loop, copy_ into it
+  DetachKept,       // total += loss -> total += loss.detach()
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
@@ -67,6 +69,8 @@ enum class Fact {
   Escapes,           // the changed handle escapes (returned, stored, passed)
   LoopInvariant,     // the copied value does not change in the loop
   WrittenInLoop,     // the copy is written inside the loop
+  RequiresGrad,      // the kept value requires grad (a module output, a loss)
+  NotDifferentiated, // nothing differentiates the accumulation afterwards
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line

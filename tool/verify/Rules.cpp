@@ -219,6 +219,103 @@ FixJudgement writeFix(const FixInput &In, json::Object &) {
   return J;
 }
 
+// ------------------------------------- a graph kept across iterations --
+
+/// The live autograd graph after each run of one op at a line in the loop:
+/// the first line from where the kept value is made (the finding's origin) to
+/// the accumulation with op events that repeat, its first op's occurrences.
+struct GraphSeries {
+  unsigned Line = 0;
+  std::string Op;
+  std::vector<const Event *> Evs;
+  bool grows() const {
+    if (Evs.size() < 2)
+      return false;
+    for (size_t I = 1; I < Evs.size(); ++I)
+      if (Evs[I]->GraphNodes <= Evs[I - 1]->GraphNodes)
+        return false;
+    return true;
+  }
+  std::string text(StringRef File) const {
+    const Event *A = Evs.front(), *B = Evs.back();
+    std::string At = formatv("{0} at {1}:{2}", Op, sys::path::filename(File), Line).str();
+    if (A->GraphNodes == B->GraphNodes)
+      return formatv("live autograd nodes after {0} stay at {1}", At, A->GraphNodes).str();
+    return formatv("live autograd nodes after {0} grew {1} -> {2} over {3} iterations; tensors "
+                   "saved for backward {4} -> {5}",
+                   At, A->GraphNodes, B->GraphNodes, Evs.size(), formatSize(A->GraphBytes),
+                   formatSize(B->GraphBytes))
+        .str();
+  }
+};
+
+GraphSeries graphSeries(const Trace &T, StringRef File, unsigned From, unsigned To) {
+  GraphSeries S;
+  for (unsigned L = std::min(From, To); L <= std::max(From, To); ++L) {
+    std::vector<const Event *> At = T.at(File, L);
+    const Event *First = nullptr;
+    for (const Event *E : At)
+      if (E->Kind == EventKind::Op && E->GraphNodes >= 0 && !First)
+        First = E;
+    if (!First)
+      continue;
+    for (const Event *E : At)
+      if (E->Kind == EventKind::Op && E->Op == First->Op)
+        S.Evs.push_back(E);
+    if (S.Evs.size() < 2) {
+      S.Evs.clear();
+      continue;
+    }
+    S.Line = L;
+    S.Op = First->Op;
+    return S;
+  }
+  return S;
+}
+
+HazardJudgement graphHazard(const HazardInput &In, json::Object &Figures) {
+  HazardJudgement J;
+  unsigned Line = In.Typed ? In.Typed->Where.Line : 0;
+  StringRef File = In.Typed ? StringRef(In.Typed->Where.File) : StringRef();
+  unsigned From = In.Typed && In.Typed->Origin.valid() ? In.Typed->Origin.Line : Line;
+  Figures["finding_line"] = Line;
+  Figures["origin_line"] = From;
+  GraphSeries S = graphSeries(In.T, File, From, Line);
+  if (S.Evs.empty()) {
+    J.Evidence.push_back("no op at " + In.Where + " ran more than once with the graph counted");
+    return J;
+  }
+  Figures["graph_nodes_first"] = S.Evs.front()->GraphNodes;
+  Figures["graph_nodes_last"] = S.Evs.back()->GraphNodes;
+  Figures["graph_saved_bytes_last"] = S.Evs.back()->GraphBytes;
+  J.Verdict = S.grows() ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  J.Evidence.push_back(S.text(File));
+  return J;
+}
+
+FixJudgement graphFix(const FixInput &In, json::Object &Figures) {
+  FixJudgement J;
+  // The origin line, as the hazard saw it, shifted as the finding's line was.
+  int64_t Delta = static_cast<int64_t>(In.FixedLine) -
+                  Figures.getInteger("finding_line").value_or(In.FixedLine);
+  unsigned From = static_cast<unsigned>(
+      Figures.getInteger("origin_line").value_or(In.FixedLine - Delta) + Delta);
+  GraphSeries S = graphSeries(In.Fixed, In.File, From, In.FixedLine);
+  if (S.Evs.empty()) {
+    J.Gone = "no graph is kept at " + In.Where;
+    return J;
+  }
+  Figures["graph_nodes_last_after"] = S.Evs.back()->GraphNodes;
+  if (S.grows())
+    J.Remains = S.text(In.File);
+  else
+    J.Gone = S.text(In.File) + formatv(" (were {0} -> {1})",
+                                       Figures.getInteger("graph_nodes_first").value_or(0),
+                                       Figures.getInteger("graph_nodes_last").value_or(0))
+                                   .str();
+  return J;
+}
+
 // ------------------------------------------------------------- the table --
 
 const CheckRule Rules[] = {
@@ -227,6 +324,7 @@ const CheckRule Rules[] = {
     {"tensor-view-non-contiguous", HazardKind::ViewThrows, false, viewHazard, viewFix},
     {"tensor-reshape-non-contiguous", HazardKind::ImplicitCopy, false, reshapeHazard, reshapeFix},
     {"tensor-clone-in-loop", HazardKind::LoopInvariantCopy, false, loopCopyHazard, loopCopyFix},
+    {"tensor-graph-kept-across-iterations", HazardKind::GraphKept, false, graphHazard, graphFix},
 };
 
 } // namespace
