@@ -75,15 +75,7 @@ bool isModule(QualType T) {
   if (T->isPointerType())
     T = T->getPointeeType();
   const CXXRecordDecl *RD = T->getAsCXXRecordDecl();
-  if (derivesFrom(RD, "torch::nn::Module"))
-    return true;
-  for (; RD && RD->hasDefinition(); RD = nullptr)
-    for (const CXXBaseSpecifier &B : RD->bases())
-      if (const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(
-              B.getType()->getAsCXXRecordDecl()))
-        if (TS->getQualifiedNameAsString() == "torch::nn::ModuleHolder")
-          return true;
-  return false;
+  return derivesFrom(RD, "torch::nn::Module") || derivesFrom(RD, "torch::nn::ModuleHolder");
 }
 
 // A call of a module: `fc(x)`, `model->forward(x)`.
@@ -153,7 +145,7 @@ private:
     if (const sem::OpInfo *Op = Model.opOf(C))
       if (Op->storage == sem::Storage::Detach || Op->autograd == sem::Autograd::NotDifferentiable)
         return Grad::No;
-    if (!Model.isTensorExpr(C))
+    if (!Model.mayHoldTensors(C->getType())) // item(), size(), a bool
       return Grad::No;
     Grad G = Self ? of(Self, Depth + 1) : Grad::No;
     bool Inputs = Self != nullptr;
@@ -201,13 +193,24 @@ private:
 
   Grad var(const ValueDecl *D, unsigned Depth) const {
     if (const auto *B = dyn_cast<BindingDecl>(D))
-      if (const auto *DD = dyn_cast_or_null<DecompositionDecl>(B->getDecomposedDecl()))
-        return DD->getInit() ? of(DD->getInit(), Depth + 1) : Grad::Unknown;
+      return binding(B, Depth);
     const auto *V = dyn_cast<VarDecl>(D);
     if (!V || isa<ParmVarDecl>(V) || !V->hasLocalStorage() || !V->getInit() ||
         V->getType()->isReferenceType())
       return Grad::Unknown;
     return of(V->getInit(), Depth + 1);
+  }
+
+  // `auto [values, indices] = x.max(1)`: the first result of an op follows
+  // its inputs (the others may be indices); a module's results all do.
+  Grad binding(const BindingDecl *B, unsigned Depth) const {
+    const auto *DD = dyn_cast_or_null<DecompositionDecl>(B->getDecomposedDecl());
+    const Expr *Init = DD && DD->getInit() ? operandOf(DD->getInit(), Model) : nullptr;
+    if (!Init)
+      return Grad::Unknown;
+    if (isModuleCall(Init))
+      return Grad::Yes;
+    return DD->bindings().front() == B ? of(Init, Depth + 1) : Grad::Unknown;
   }
 
   const TensorModel &Model;
@@ -325,8 +328,8 @@ struct FlowCollector : RecursiveASTVisitor<FlowCollector> {
 
 // A tensor-holding argument given to code outside the tensor libraries.
 void argumentsToUserCode(FlowCollector &F, const CallExpr *C, const FunctionDecl *Callee) {
-  if (!Callee || isTensorLibraryCode(Callee) || isStdMoveLike(C))
-    return;
+  if (Callee && (isTensorLibraryCode(Callee) || isStdMoveLike(C)))
+    return; // an indirect call is code we cannot see too
   for (const Expr *A : C->arguments())
     if (F.Model.mayHoldTensors(A->getType()))
       F.Sinks.push_back(A);

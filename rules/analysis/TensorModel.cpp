@@ -114,9 +114,13 @@ bool TensorModel::mayHoldTensors(QualType T, unsigned Depth) const {
   if (!RD || Depth > 3)
     return RD != nullptr;
   if (const auto *TS = dyn_cast<ClassTemplateSpecializationDecl>(RD)) {
-    for (const TemplateArgument &A : TS->getTemplateArgs().asArray())
-      if (A.getKind() == TemplateArgument::Type && mayHoldTensors(A.getAsType(), Depth + 1))
-        return true;
+    for (const TemplateArgument &A : TS->getTemplateArgs().asArray()) {
+      ArrayRef<TemplateArgument> Args =
+          A.getKind() == TemplateArgument::Pack ? A.pack_elements() : ArrayRef(A);
+      for (const TemplateArgument &E : Args)
+        if (E.getKind() == TemplateArgument::Type && mayHoldTensors(E.getAsType(), Depth + 1))
+          return true;
+    }
     // A standard container holds only its elements (its own pointers do not
     // reach tensors): vector<double> holds none.
     if (TS->isInStdNamespace() && TS->getIdentifier() &&
