@@ -8,6 +8,8 @@
 #include "InplaceOnDetachedCheck.h"
 #include "ReshapeNonContiguousCheck.h"
 #include "ViewNonContiguousCheck.h"
+#include "InplaceOnLeafCheck.h"
+#include "InplaceOnSavedCheck.h"
 #include "GraphKeptAcrossIterationsCheck.h"
 
 namespace clang::tidy::tensor {
@@ -20,6 +22,8 @@ public:
     Factories.registerCheck<InplaceOnDetachedCheck>("tensor-inplace-on-detached");
     Factories.registerCheck<ReshapeNonContiguousCheck>("tensor-reshape-non-contiguous");
     Factories.registerCheck<CloneInLoopCheck>("tensor-clone-in-loop");
+    Factories.registerCheck<InplaceOnLeafCheck>("tensor-inplace-on-leaf");
+    Factories.registerCheck<InplaceOnSavedCheck>("tensor-inplace-on-saved");
     Factories.registerCheck<GraphKeptAcrossIterationsCheck>("tensor-graph-kept-across-iterations");
   }
 };

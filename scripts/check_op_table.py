@@ -2,7 +2,9 @@
 """Checks every TT_LIBTORCH_OP row of runtime/include/tt/ops.def against
 PyTorch (run with /usr/bin/python3, Debian's python3-torch): storage (view /
 fresh / may-alias), result layout (contiguous / same as self / permuted) and
-whether autograd records the op. Exit 0 all agree, 1 a row disagrees or has
+whether autograd records the op; and every TT_SAVES row (what an op saves for
+backward), plus the probed ops that are not listed (they must save nothing),
+by modifying the result or an input in place and running backward. Exit 0 all agree, 1 a row disagrees or has
 no probe, 2 PyTorch is missing."""
 import pathlib
 import re
@@ -10,6 +12,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^TT_LIBTORCH_OP\((\w+),\s*(\w+),\s*(\w+),\s*(\w+)\)", re.M)
+SAVES_ROW = re.compile(r"^TT_SAVES\((\w+),\s*(\w+)\)", re.M)
 
 
 def probes(torch, F):
@@ -91,6 +94,89 @@ def disagreements(torch, name, storage, layout, autograd, f):
     return problems
 
 
+def saves_probes(torch, F):
+    """name -> (f(a, b), shape of a, shape of b or None); a is the op's self."""
+    sq = (4, 6)
+    un = lambda f: (lambda a, b: f(a), sq, None)
+    bi = lambda f, sb=sq: (f, sq, sb)
+    return {
+        "abs": un(torch.abs), "clamp": un(lambda a: a.clamp(-0.5, 0.5)), "exp": un(torch.exp),
+        "log": un(torch.log), "pow": un(lambda a: a.pow(2)), "relu": un(torch.relu),
+        "sigmoid": un(torch.sigmoid), "sqrt": un(torch.sqrt), "tanh": un(torch.tanh),
+        "mul": bi(torch.mul), "div": bi(torch.div), "mm": bi(torch.mm, (6, 3)),
+        "matmul": bi(torch.matmul, (6, 3)), "bmm": (torch.bmm, (2, 4, 6), (2, 6, 3)),
+        "batch_norm": un(lambda a: F.batch_norm(a, None, None, training=True)),
+        "binary_cross_entropy": bi(lambda a, b: F.binary_cross_entropy(a, b)),
+        "binary_cross_entropy_with_logits": bi(F.binary_cross_entropy_with_logits),
+        "conv1d": (F.conv1d, (2, 3, 5), (4, 3, 3)), "conv2d": (F.conv2d, (2, 3, 5, 5), (4, 3, 3, 3)),
+        "cos": un(torch.cos), "elu": un(F.elu), "erf": un(torch.erf), "gelu": un(F.gelu),
+        "hardtanh": un(F.hardtanh), "l1_loss": bi(F.l1_loss), "layer_norm": un(lambda a: F.layer_norm(a, [6])),
+        "leaky_relu": un(F.leaky_relu), "linear": bi(F.linear, (3, 6)), "log1p": un(torch.log1p),
+        "log_sigmoid": un(F.logsigmoid), "log_softmax": un(lambda a: a.log_softmax(-1)),
+        "logsumexp": un(lambda a: a.logsumexp(-1)), "mse_loss": bi(F.mse_loss),
+        "prod": un(lambda a: a.prod(-1)), "reciprocal": un(torch.reciprocal), "relu6": un(F.relu6),
+        "rsqrt": un(torch.rsqrt), "silu": un(F.silu), "sin": un(torch.sin),
+        "smooth_l1_loss": bi(F.smooth_l1_loss), "softmax": un(lambda a: a.softmax(-1)),
+        "softplus": un(F.softplus), "square": un(torch.square),
+        # save nothing an in-place write can reach
+        "add": bi(torch.add), "sub": bi(torch.sub), "sum": un(torch.sum), "mean": un(torch.mean),
+        "neg": un(torch.neg), "clone": un(torch.clone), "cat": bi(lambda a, b: torch.cat([a, b])),
+        "stack": bi(lambda a, b: torch.stack([a, b])), "dropout": un(lambda a: F.dropout(a, 0.5, True)),
+        "cross_entropy": un(lambda a: F.cross_entropy(a, torch.zeros(4, dtype=torch.long))),
+    }
+
+
+def expected_saves(saves, other_requires_grad):
+    """(result, self, other) saved, for a row's Saves value."""
+    return {
+        "Result": (True, False, False), "Self": (False, True, False),
+        "SelfResult": (True, True, False), "Inputs": (False, True, True),
+        "Cross": (False, other_requires_grad, True), "Divisor": (False, other_requires_grad, True),
+        "Nothing": (False, False, False),
+    }[saves]
+
+
+def raises_after_write(torch, probe, which, other_requires_grad):
+    """Does backward raise PyTorch's error after an in-place write to which
+    ('result', 'self', 'other') following the op?"""
+    f, sa, sb = probe
+    a = (torch.rand(*sa) * 0.5 + 0.25).requires_grad_() * 1  # in (0, 1): log, bce
+    b = None
+    if sb is not None:
+        b = torch.rand(*sb) * 0.5 + 0.25
+        b = b.requires_grad_() * 1 if other_requires_grad else b
+    out = f(a, b)
+    target = {"result": out, "self": a, "other": b}[which]
+    with torch.no_grad():
+        target.mul_(1)  # bumps the version counter, keeps the values
+    try:
+        out.sum().backward()
+    except RuntimeError as e:
+        if "modified by an inplace operation" in str(e):
+            return True
+        raise
+    return False
+
+
+def saves_disagreements(torch, F):
+    listed = dict(SAVES_ROW.findall((ROOT / "runtime/include/tt/ops.def").read_text()))
+    probes = saves_probes(torch, F)
+    problems = ["%s: TT_SAVES row without a probe" % n for n in listed if n not in probes]
+    for name, probe in sorted(probes.items()):
+        saves = listed.get(name, "Nothing")
+        for other_rg in (False, True) if probe[2] is not None else (False,):
+            want = expected_saves(saves, other_rg)
+            for which, w in zip(("result", "self", "other"), want):
+                if which == "other" and probe[2] is None:
+                    continue
+                got = raises_after_write(torch, probe, which, other_rg)
+                if got != w:
+                    problems.append("%s: ops.def says %s, but a write to its %s%s %s backward" % (
+                        name, saves, which, " (other requires grad)" if other_rg else "",
+                        "breaks" if got else "does not break"))
+    return problems, len(probes)
+
+
 def main():
     try:
         import torch
@@ -114,7 +200,11 @@ def main():
             print("%s: ops.def says %s" % (name, p))
             failed += 1
     print("%d LibTorch rows checked against PyTorch %s, %d disagreements" % (len(rows), torch.__version__, failed))
-    return 1 if failed else 0
+    saves_problems, probed = saves_disagreements(torch, F)
+    for p in saves_problems:
+        print(p)
+    print("%d ops' saved tensors checked against PyTorch, %d disagreements" % (probed, len(saves_problems)))
+    return 1 if failed or saves_problems else 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "analysis/AstHelpers.h"
+#include "analysis/GradFacts.h"
 #include "analysis/TensorModel.h"
 
 #include "clang/AST/Decl.h"
@@ -115,9 +116,5 @@ private:
   llvm::DenseMap<const FunctionDecl *, Cached> Cache;
   llvm::DenseMap<const FunctionDecl *, bool> InProgress;
 };
-
-// True when S (inside Body) runs under a `NoGradGuard` (or
-// `AutoGradMode(false)` / `InferenceMode`) declared in an enclosing block.
-bool isUnderNoGrad(const Stmt *S, const Stmt *Body);
 
 } // namespace clang::tidy::tensor

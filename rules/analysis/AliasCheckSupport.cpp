@@ -74,6 +74,14 @@ SourceLocation exposureLoc(const AffectedHandle &A) {
   return A.Decl ? A.Decl->getLocation() : SourceLocation();
 }
 
+bool inMacro(SourceRange R) { return R.getBegin().isMacroID() || R.getEnd().isMacroID(); }
+
+std::string text(const Expr *E, ASTContext &Ctx) {
+  return Lexer::getSourceText(CharSourceRange::getTokenRange(E->getSourceRange()),
+                              Ctx.getSourceManager(), Ctx.getLangOpts())
+      .str();
+}
+
 namespace {
 const Stmt *stripFull(const Stmt *S) {
   if (const auto *E = dyn_cast_or_null<Expr>(S))
@@ -115,14 +123,6 @@ bool findStatement(const Stmt *Cur, const Expr *E) {
     if (C && !isa<LambdaExpr>(C) && findStatement(C, E))
       return true;
   return false;
-}
-
-bool inMacro(SourceRange R) { return R.getBegin().isMacroID() || R.getEnd().isMacroID(); }
-
-std::string text(const Expr *E, ASTContext &Ctx) {
-  return Lexer::getSourceText(CharSourceRange::getTokenRange(E->getSourceRange()),
-                              Ctx.getSourceManager(), Ctx.getLangOpts())
-      .str();
 }
 
 SourceLocation afterEnd(const Expr *E, ASTContext &Ctx) {

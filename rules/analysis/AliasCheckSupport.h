@@ -33,6 +33,11 @@ std::string declName(const ValueDecl *D);
 std::string exposureNote(const AffectedHandle &A);
 SourceLocation exposureLoc(const AffectedHandle &A);
 
+// R begins or ends in a macro expansion (no fix-it there).
+bool inMacro(SourceRange R);
+// E as spelled in the source.
+std::string text(const Expr *E, ASTContext &Ctx);
+
 // True when E is a whole statement (its value unused).
 bool isFullStatement(const Expr *E, const Stmt *Body);
 

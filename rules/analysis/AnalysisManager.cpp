@@ -61,4 +61,16 @@ LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
   return Slot.get();
 }
 
+const GradFacts *AnalysisManager::gradAt(const Stmt *S) {
+  const FunctionDecl *FD = enclosingFunction(S, Ctx);
+  if (!FD || !FD->hasBody())
+    return nullptr;
+  auto &Slot = Grads[FD];
+  if (!Slot) {
+    Slot = std::make_unique<GradFacts>(Model, Ctx);
+    Slot->run(FD);
+  }
+  return Slot.get();
+}
+
 } // namespace clang::tidy::tensor

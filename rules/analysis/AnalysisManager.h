@@ -1,9 +1,10 @@
 // The analyses of one translation unit, shared by every check of a run:
 // the alias analysis (with its callee summaries) and, per function or lambda,
-// the layout and loop analyses, each computed once on first use.
+// the layout, loop and autograd analyses, each computed once on first use.
 #pragma once
 
 #include "analysis/AliasAnalysis.h"
+#include "analysis/GradFacts.h"
 #include "analysis/LayoutAnalysis.h"
 #include "analysis/LoopAnalysis.h"
 
@@ -27,6 +28,8 @@ public:
   const LayoutAnalysis *layoutAt(const Stmt *S);
   /// The loop analysis of the function or lambda enclosing S (null if none).
   LoopAnalysis *loopsAt(const Stmt *S);
+  /// The autograd facts of the function or lambda enclosing S (null if none).
+  const GradFacts *gradAt(const Stmt *S);
 
 private:
   const TensorModel &Model;
@@ -34,6 +37,7 @@ private:
   AliasAnalysis Alias;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
+  llvm::DenseMap<const FunctionDecl *, std::unique_ptr<GradFacts>> Grads;
 };
 
 } // namespace clang::tidy::tensor

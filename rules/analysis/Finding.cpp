@@ -26,6 +26,8 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::ViewThrows, "view-throws"},
     {HazardKind::ImplicitCopy, "implicit-copy"},
     {HazardKind::LoopInvariantCopy, "loop-invariant-copy"},
+    {HazardKind::LeafInplace, "leaf-inplace"},
+    {HazardKind::SavedInplace, "saved-inplace"},
     {HazardKind::GraphKept, "graph-kept-across-iterations"},
 };
 constexpr Named<FixKind> FixNames[] = {
@@ -38,6 +40,7 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::UseSource, "use-source"},
     {FixKind::HoistOutOfLoop, "hoist-out-of-loop"},
     {FixKind::HoistAndCopyInto, "hoist-and-copy-into"},
+    {FixKind::NoGradBlock, "no-grad-block"},
     {FixKind::DetachKept, "detach-kept"},
 };
 constexpr Named<Fact> FactNames[] = {
@@ -53,6 +56,9 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::Escapes, "escapes"},
     {Fact::LoopInvariant, "loop-invariant"},
     {Fact::WrittenInLoop, "written-in-loop"},
+    {Fact::LeafRequiresGrad, "leaf-requires-grad"},
+    {Fact::SavedForBackward, "saved-for-backward"},
+    {Fact::BackwardInFunction, "backward-in-function"},
     {Fact::RequiresGrad, "requires-grad"},
     {Fact::NotDifferentiated, "not-differentiated-later"},
 };

@@ -37,6 +37,8 @@ enum class HazardKind {
   ViewThrows,         // view() on a non-viewable layout throws
   ImplicitCopy,       // reshape/flatten silently copies
   LoopInvariantCopy,  // a copy of a loop-invariant tensor on every iteration
+  LeafInplace,        // an in-place write on a leaf that requires grad (autograd refuses)
+  SavedInplace,       // an in-place write on a tensor saved for backward (backward refuses)
   GraphKept,          // a value that requires grad kept across loop iterations
 };
 
@@ -51,26 +53,30 @@ enum class FixKind {
   UseSource,        // x.clone() -> x (never written)
   HoistOutOfLoop,   // the declaration moves before the loop
   HoistAndCopyInto, // one buffer before the loop, copy_ into it
+  NoGradBlock,      // the update wrapped in `{ torch::NoGradGuard no_grad; ... }`
   DetachKept,       // total += loss -> total += loss.detach()
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
 /// proven finding from an assumed one.
 enum class Fact {
-  LayoutKnown,       // sizes and strides of the input are known
-  LayoutCertain,     // the layout cannot be viewed, for any sizes
-  LayoutUnproven,    // non-viewable unless merged dimensions have size 1
-  AssumedContiguous, // an input of unknown layout taken as contiguous (or sizes as > 1)
-  HandleCopy,        // a handle copy shares storage
-  MayAliasOp,        // an op that may return its input
-  SharesVersion,     // detach(): shares the version counter
-  NoVersionCounter,  // .data(): not even the version counter
-  ReadLater,         // the changed handle is read after the write
-  Escapes,           // the changed handle escapes (returned, stored, passed)
-  LoopInvariant,     // the copied value does not change in the loop
-  WrittenInLoop,     // the copy is written inside the loop
-  RequiresGrad,      // the kept value requires grad (a module output, a loss)
-  NotDifferentiated, // nothing differentiates the accumulation afterwards
+  LayoutKnown,        // sizes and strides of the input are known
+  LayoutCertain,      // the layout cannot be viewed, for any sizes
+  LayoutUnproven,     // non-viewable unless merged dimensions have size 1
+  AssumedContiguous,  // an input of unknown layout taken as contiguous (or sizes as > 1)
+  HandleCopy,         // a handle copy shares storage
+  MayAliasOp,         // an op that may return its input
+  SharesVersion,      // detach(): shares the version counter
+  NoVersionCounter,   // .data(): not even the version counter
+  ReadLater,          // the changed handle is read after the write
+  Escapes,            // the changed handle escapes (returned, stored, passed)
+  LoopInvariant,      // the copied value does not change in the loop
+  WrittenInLoop,      // the copy is written inside the loop
+  LeafRequiresGrad,   // the written tensor is a leaf (or a view of one) that requires grad
+  SavedForBackward,   // an earlier op saved the written tensor for its backward
+  BackwardInFunction, // backward() through that op runs later in the same function
+  RequiresGrad,       // the kept value requires grad (a module output, a loss)
+  NotDifferentiated,  // nothing differentiates the accumulation afterwards
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line

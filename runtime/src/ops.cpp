@@ -376,6 +376,14 @@ Tensor binaryRaw(BinaryOp op, const Tensor &a, const Tensor &b, ScalarType dt, c
   return out ? *out : o;
 }
 
+// PyTorch's mul/mm/bmm: self is saved only for other's gradient and other
+// only for self's (derivatives.yaml), so an in-place write to a factor whose
+// partner does not require grad is fine (tt/ops.def: TT_SAVES Cross).
+void saveCross(LambdaNode &fn, const Tensor &a, const Tensor &b) {
+  fn.saved.emplace_back(b.requires_grad() ? a : Tensor(), false);
+  fn.saved.emplace_back(a.requires_grad() ? b : Tensor(), false);
+}
+
 std::shared_ptr<LambdaNode> binaryNode(BinaryOp op, const Tensor &a, const Tensor &b, bool bScalar,
                                        const Scalar &alpha, const Tensor &out) {
   std::vector<std::int64_t> as = a.sizes().vec(), bs = b.sizes().vec();
@@ -399,8 +407,7 @@ std::shared_ptr<LambdaNode> binaryNode(BinaryOp op, const Tensor &a, const Tenso
       Tensor gb = n.next.size() > 1 && n.next[1].valid() ? sumTo(g[0] * n.get(0), bs) : Tensor();
       return std::vector<Tensor>{ga, gb};
     });
-    fn->saved.emplace_back(a, false);
-    fn->saved.emplace_back(b, false);
+    saveCross(*fn, a, b); // PyTorch: each factor only for the other's gradient
     break;
   case BinaryOp::Div:
     make([as, bs](const std::vector<Tensor> &g, LambdaNode &n) {
@@ -409,7 +416,8 @@ std::shared_ptr<LambdaNode> binaryNode(BinaryOp op, const Tensor &a, const Tenso
       Tensor gb = n.next.size() > 1 && n.next[1].valid() ? sumTo(-g[0] * n.get(0) / (bb * bb), bs) : Tensor();
       return std::vector<Tensor>{ga, gb};
     });
-    fn->saved.emplace_back(a, false);
+    // PyTorch: the divisor always, the dividend only for the divisor's gradient.
+    fn->saved.emplace_back(b.requires_grad() ? a : Tensor(), false);
     fn->saved.emplace_back(b, false);
     break;
   case BinaryOp::Pow:
@@ -421,7 +429,8 @@ std::shared_ptr<LambdaNode> binaryNode(BinaryOp op, const Tensor &a, const Tenso
     });
     fn->saved.emplace_back(a, false);
     fn->saved.emplace_back(b, false);
-    fn->saved.emplace_back(out, true, fn.get());
+    // PyTorch saves the result only for a tensor exponent's gradient.
+    fn->saved.emplace_back(b.requires_grad() ? out : Tensor(), true, fn.get());
     fn->output_slots.push_back(2);
     break;
   default:
@@ -705,8 +714,7 @@ Tensor mmImpl(const Tensor &a, const Tensor &b) {
       Tensor gb = n.next[1].valid() ? n.get(0).t().mm(g[0]) : Tensor();
       return std::vector<Tensor>{ga, gb};
     });
-    fn->saved.emplace_back(a, false);
-    fn->saved.emplace_back(b, false);
+    saveCross(*fn, a, b);
     autograd::setHistory({out}, fn, {&a, &b});
   }
   return out;
@@ -731,8 +739,7 @@ Tensor bmmImpl(const Tensor &a, const Tensor &b) {
       Tensor gb = n.next[1].valid() ? n.get(0).transpose(1, 2).bmm(g[0]) : Tensor();
       return std::vector<Tensor>{ga, gb};
     });
-    fn->saved.emplace_back(a, false);
-    fn->saved.emplace_back(b, false);
+    saveCross(*fn, a, b);
     autograd::setHistory({out}, fn, {&a, &b});
   }
   return out;

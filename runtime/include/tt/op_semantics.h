@@ -47,6 +47,47 @@ constexpr const OpInfo *lookup(std::string_view name) {
   return nullptr;
 }
 
+// What a differentiable op saves for backward (TT_SAVES); Nothing if unlisted.
+enum class Saves : std::uint8_t { Nothing, Result, Self, SelfResult, Inputs, Cross, Divisor };
+
+struct SavesInfo {
+  std::string_view name;
+  Saves saves;
+};
+inline constexpr SavesInfo kSaves[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_SAVES(Name, What) {#Name, Saves::What},
+#include "tt/ops.def"
+#undef TT_SAVES
+#undef TT_OP
+};
+
+constexpr Saves savesOf(std::string_view name) {
+  for (const SavesInfo &s : kSaves)
+    if (s.name == name)
+      return s.saves;
+  return Saves::Nothing;
+}
+
+// Whether the op saves its result / its tensor argument `index` (0: self, 1:
+// the other) for backward, given which arguments require grad.
+constexpr bool savesResult(Saves s) { return s == Saves::Result || s == Saves::SelfResult; }
+constexpr bool savesInput(Saves s, int index, bool selfRequiresGrad, bool otherRequiresGrad) {
+  switch (s) {
+  case Saves::Self:
+  case Saves::SelfResult:
+    return index == 0;
+  case Saves::Inputs:
+    return index <= 1;
+  case Saves::Cross:
+    return index == 0 ? otherRequiresGrad : index == 1 && selfRequiresGrad;
+  case Saves::Divisor:
+    return index == 0 ? otherRequiresGrad : index == 1;
+  default:
+    return false;
+  }
+}
+
 // Ops ops.def lists as not implemented in tt (TT_UNSUPPORTED).
 struct UnsupportedOp {
   std::string_view name, why;

@@ -1,0 +1,75 @@
+#include "analysis/GradCheckSupport.h"
+
+#include "analysis/AliasCheckSupport.h"
+#include "analysis/AstHelpers.h"
+
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/ExprCXX.h"
+#include "clang/Lex/Lexer.h"
+
+namespace clang::tidy::tensor {
+
+std::string tensorName(const Expr *E, ASTContext &Ctx) {
+  std::string T = text(stripHandle(E), Ctx);
+  return T.empty() || T.size() > 40 ? "the tensor" : "'" + T + "'";
+}
+
+std::string writeCallName(const CallExpr *Write) {
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Write))
+    return getOperatorSpelling(OC->getOperator());
+  if (const FunctionDecl *FD = Write->getDirectCallee())
+    return FD->getNameAsString();
+  return "write";
+}
+
+std::string describeGradSource(const Stmt *Source) {
+  if (isa<MemberExpr>(Source))
+    return "it is a parameter of the module";
+  const auto *Call = dyn_cast<CallExpr>(Source);
+  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+  std::string N = FD && FD->getIdentifier() ? FD->getName().str() : "";
+  if (N == "parameters" || N == "named_parameters" || N == "param_groups" || N == "params")
+    return "it is a parameter, from '" + N + "()'";
+  if (N == "register_parameter")
+    return "it is registered with 'register_parameter'";
+  if (N == "requires_grad_" || N == "set_requires_grad")
+    return "it is given '" + N + "()' here";
+  return "it is made with 'requires_grad(true)' here";
+}
+
+std::optional<llvm::SmallVector<FixItHint, 2>>
+noGradBlockFix(const CallExpr *Write, const Stmt *Body, const Expr *Target, ASTContext &Ctx) {
+  if (!isFullStatement(Write, Body) || inMacro(Write->getSourceRange()) ||
+      inTemplateInstantiation(Write, Ctx))
+    return std::nullopt;
+  const SourceManager &SM = Ctx.getSourceManager();
+  SourceLocation AfterSemi =
+      Lexer::findLocationAfterToken(Write->getEndLoc(), tok::semi, SM, Ctx.getLangOpts(), false);
+  if (AfterSemi.isInvalid())
+    return std::nullopt;
+  const auto *RD = Target->getType().getNonReferenceType()->getAsCXXRecordDecl();
+  llvm::StringRef NS = RD && isInNamespace(RD, {"tt"}) ? "tt" : "torch";
+  llvm::SmallVector<FixItHint, 2> Fix;
+  Fix.push_back(FixItHint::CreateInsertion(Write->getBeginLoc(),
+                                           "{ " + NS.str() + "::NoGradGuard no_grad; "));
+  Fix.push_back(FixItHint::CreateInsertion(AfterSemi, " }"));
+  return Fix;
+}
+
+Finding gradFinding(StringRef Check, HazardKind Hazard, SourceLocation Loc, const CallExpr *Write,
+                    const Expr *Target, const GradFact &F, FixKind Fix, const SourceManager &SM) {
+  Finding R;
+  R.Check = Check.str();
+  R.Hazard = Hazard;
+  R.Where = SourcePoint::at(Loc, SM);
+  R.Op = SourcePoint::at(Write->getBeginLoc(), SM);
+  R.OpName = writeCallName(Write);
+  if (F.Source)
+    R.Origin = SourcePoint::at(F.Source->getBeginLoc(), SM);
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(Target)))
+    R.Handles.push_back(handleOf(HandleRole::Written, DRE->getDecl(), SM));
+  R.Fix = Fix;
+  return R;
+}
+
+} // namespace clang::tidy::tensor

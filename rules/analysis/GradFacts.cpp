@@ -1,0 +1,506 @@
+#include "analysis/GradFacts.h"
+
+#include "analysis/AstHelpers.h"
+#include "analysis/Dataflow.h"
+
+#include "clang/AST/DeclCXX.h"
+#include "clang/AST/ExprCXX.h"
+#include "clang/Analysis/CFG.h"
+#include "llvm/ADT/StringSwitch.h"
+
+namespace clang::tidy::tensor {
+
+// --- grad mode: lexical no-grad guards -----------------------------------------------------
+
+bool isNoGradGuardDecl(const Stmt *St) {
+  const auto *DS = dyn_cast<DeclStmt>(St);
+  if (!DS)
+    return false;
+  for (const Decl *D : DS->decls()) {
+    const auto *VD = dyn_cast<VarDecl>(D);
+    const auto *RD = VD ? VD->getType()->getAsCXXRecordDecl() : nullptr;
+    if (!RD || !RD->getIdentifier())
+      continue;
+    llvm::StringRef N = RD->getName();
+    if (N == "NoGradGuard" || N == "InferenceMode")
+      return true;
+    if (N == "AutoGradMode")
+      if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(VD->getInit()))
+        if (CE->getNumArgs() == 1)
+          if (const auto *B = dyn_cast<CXXBoolLiteralExpr>(CE->getArg(0)->IgnoreImplicit()))
+            return !B->getValue();
+  }
+  return false;
+}
+
+namespace {
+// 1: found under a guard, 0: found without, -1: not in this subtree.
+int findUnderGuard(const Stmt *Cur, const Stmt *Target, bool Active) {
+  if (!Cur)
+    return -1;
+  if (Cur == Target)
+    return Active ? 1 : 0;
+  if (isa<LambdaExpr>(Cur))
+    return -1;
+  bool Local = Active;
+  for (const Stmt *Child : Cur->children()) {
+    int R = findUnderGuard(Child, Target, Local);
+    if (R >= 0)
+      return R;
+    if (isa<CompoundStmt>(Cur) && isNoGradGuardDecl(Child))
+      Local = true;
+  }
+  return -1;
+}
+
+// Every statement of Cur's subtree that runs under a guard (lambdas are
+// bodies of their own).
+void collectUnderGuard(const Stmt *Cur, bool Active, llvm::DenseSet<const Stmt *> &Out) {
+  if (!Cur || isa<LambdaExpr>(Cur))
+    return;
+  if (Active)
+    Out.insert(Cur);
+  bool Local = Active;
+  for (const Stmt *Child : Cur->children()) {
+    collectUnderGuard(Child, Local, Out);
+    if (isa<CompoundStmt>(Cur) && isNoGradGuardDecl(Child))
+      Local = true;
+  }
+}
+
+bool inNamespacePath(const Decl *D, llvm::StringRef Prefix) {
+  const auto *ND = dyn_cast<NamedDecl>(D);
+  return ND && llvm::StringRef(ND->getQualifiedNameAsString()).starts_with(Prefix);
+}
+
+// --- modules ---------------------------------------------------------------------------------
+
+bool isTorchModuleBase(const CXXRecordDecl *RD) {
+  return RD->getIdentifier() && RD->getName() == "Module" && inNamespacePath(RD, "torch::nn::");
+}
+
+// RD is torch::nn::Module or derives from it.
+bool isModuleRecord(const CXXRecordDecl *RD) {
+  if (!RD || !RD->hasDefinition())
+    return false;
+  RD = RD->getDefinition();
+  if (isTorchModuleBase(RD))
+    return true;
+  return RD->forallBases([](const CXXRecordDecl *B) { return !isTorchModuleBase(B); }) == false;
+}
+
+// A module value: Impl, holder (Linear, Sequential...), pointer or shared_ptr to one.
+bool isModuleHolderType(QualType T) {
+  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  if (!RD || !RD->getIdentifier())
+    return false;
+  if (isModuleRecord(RD))
+    return true;
+  if (!RD->hasDefinition())
+    return false;
+  auto IsHolder = [](const CXXRecordDecl *B) {
+    return B->getIdentifier() && (B->getName() == "ModuleHolder" || B->getName() == "AnyModule") &&
+           inNamespacePath(B, "torch::nn::");
+  };
+  return IsHolder(RD) ||
+         !RD->getDefinition()->forallBases([&](const CXXRecordDecl *B) { return !IsHolder(B); });
+}
+
+// Library modules without parameters: their output requires grad iff an input does.
+bool isParameterFreeModule(QualType T) {
+  std::string Name = T.getNonReferenceType().getUnqualifiedType().getAsString();
+  for (llvm::StringRef Part :
+       {"Loss", "ReLU", "Dropout", "Flatten", "Sigmoid", "Tanh", "Softmax", "Pool", "Identity",
+        "Upsample", "GELU", "ELU", "SiLU", "Mish", "Unflatten", "Hardtanh", "Softplus"})
+    if (llvm::StringRef(Name).contains(Part))
+      return true;
+  return false;
+}
+
+// `W = register_parameter(...)` / `W(register_parameter(...))` somewhere in W's class.
+bool containsCallNamed(const Stmt *S, llvm::StringRef Name) {
+  if (!S)
+    return false;
+  if (const auto *C = dyn_cast<CallExpr>(S))
+    if (const FunctionDecl *F = C->getDirectCallee())
+      if (F->getIdentifier() && F->getName() == Name)
+        return true;
+  for (const Stmt *Child : S->children())
+    if (containsCallNamed(Child, Name))
+      return true;
+  return false;
+}
+
+bool assignsFromRegister(const Stmt *S, const FieldDecl *F) {
+  if (!S)
+    return false;
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S))
+    if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
+      if (const auto *ME = dyn_cast<MemberExpr>(OC->getArg(0)->IgnoreParenImpCasts()))
+        if (ME->getMemberDecl() == F && containsCallNamed(OC->getArg(1), "register_parameter"))
+          return true;
+  for (const Stmt *Child : S->children())
+    if (assignsFromRegister(Child, F))
+      return true;
+  return false;
+}
+
+bool isRegisteredParameter(const FieldDecl *F) {
+  bool R = false;
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  if (!RD)
+    return false;
+  for (const CXXMethodDecl *M : RD->methods())
+    if (const auto *Def = dyn_cast_or_null<CXXMethodDecl>(M->getDefinition())) {
+      if (const auto *C = dyn_cast<CXXConstructorDecl>(Def))
+        for (const CXXCtorInitializer *I : C->inits())
+          R |= I->getMember() == F && containsCallNamed(I->getInit(), "register_parameter");
+      R = R || assignsFromRegister(Def->getBody(), F);
+    }
+  return R;
+}
+
+// `lin->weight`, `conv->bias`, a member registered as a parameter.
+bool isParameterField(const FieldDecl *F) {
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  if (!isModuleRecord(RD))
+    return false;
+  if (inNamespacePath(RD, "torch::") && F->getIdentifier())
+    return F->getName() == "weight" || F->getName() == "bias";
+  return isRegisteredParameter(F);
+}
+
+bool isCompoundAssign(OverloadedOperatorKind K) {
+  switch (K) {
+  case OO_PlusEqual:
+  case OO_MinusEqual:
+  case OO_StarEqual:
+  case OO_SlashEqual:
+    return true;
+  default:
+    return false;
+  }
+}
+
+GradKind joinKind(GradKind A, GradKind B) {
+  if (A == B)
+    return A;
+  auto Requires = [](GradKind K) { return K != GradKind::Unknown && K != GradKind::NoGrad; };
+  return Requires(A) && Requires(B) ? GradKind::RequiresGrad : GradKind::Unknown;
+}
+
+bool isTrue(const Expr *E, ASTContext &Ctx) {
+  bool V = true;
+  return !E || isa<CXXDefaultArgExpr>(E) || !E->EvaluateAsBooleanCondition(V, Ctx) || V;
+}
+} // namespace
+
+// --- the dataflow domain -------------------------------------------------------------------
+
+struct GradFacts::Impl {
+  using State = llvm::DenseMap<const ValueDecl *, GradFact>;
+
+  Impl(GradFacts &G) : G(G), Model(G.Model), Ctx(G.Ctx) {}
+
+  GradFacts &G;
+  const TensorModel &Model;
+  ASTContext &Ctx;
+  bool Recording = false;
+  mutable llvm::DenseMap<const FieldDecl *, bool> ParamFields;
+
+  void transfer(const Stmt *S, State &St);
+  bool join(State &Into, const State &From);
+  void widen(State &) {} // finite lattice of height 3
+
+  GradFact eval(const Expr *E, const State &St) const;
+  GradFact evalCall(const CallExpr *Call, const State &St) const;
+  GradFact evalMemberCall(const CXXMemberCallExpr *Call, const State &St) const;
+  GradFact evalOp(const CallExpr *Call, const sem::OpInfo &Op, const State &St) const;
+  GradFact combineInputs(const CallExpr *Call, const State &St) const;
+  GradFact evalRequiresGradCall(const CXXMemberCallExpr *Call, const State &St) const;
+  bool tracked(const Expr *E) const;
+  // `requires_grad(b)` of options: makes leaves that require grad when b.
+  GradFact optionsFact(const CallExpr *Call) const {
+    bool On = Call->getNumArgs() == 0 || isTrue(Call->getArg(0), Ctx);
+    return On ? GradFact{GradKind::Leaf, Call} : GradFact{GradKind::NoGrad, nullptr};
+  }
+  bool parameterField(const FieldDecl *F) const {
+    auto [It, New] = ParamFields.try_emplace(F, false);
+    if (New)
+      It->second = isParameterField(F);
+    return It->second;
+  }
+};
+
+bool GradFacts::Impl::tracked(const Expr *E) const {
+  QualType T = E->getType();
+  if (Model.isTensorType(T))
+    return true;
+  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  return RD && !RD->isLambda(); // containers, items, iterators, options
+}
+
+bool GradFacts::Impl::join(State &Into, const State &From) {
+  bool Changed = false;
+  for (const auto &[D, F] : From) {
+    auto [It, New] = Into.try_emplace(D, F);
+    if (New) {
+      Changed = true;
+      continue;
+    }
+    GradFact J{joinKind(It->second.Kind, F.Kind), It->second.Source ? It->second.Source : F.Source};
+    if (!(J == It->second)) {
+      It->second = J;
+      Changed = true;
+    }
+  }
+  return Changed;
+}
+
+GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) const {
+  if (!G.gradEnabledAt(Call))
+    return {GradKind::NoGrad, nullptr};
+  bool AllNo = true;
+  llvm::SmallVector<const Expr *, 4> Ins;
+  if (const Expr *Self = TensorModel::selfOf(Call))
+    Ins.push_back(Self);
+  for (const Expr *A : Call->arguments())
+    Ins.push_back(A);
+  bool Any = false;
+  for (const Expr *In : Ins) {
+    if (!Model.isTensorExpr(In))
+      continue;
+    Any = true;
+    GradFact F = eval(In, St);
+    if (F.requiresGrad() == Tri::Yes)
+      return {GradKind::NonLeaf, Call};
+    AllNo &= F.requiresGrad() == Tri::No;
+  }
+  return {Any && AllNo ? GradKind::NoGrad : GradKind::Unknown, nullptr};
+}
+
+GradFact GradFacts::Impl::evalOp(const CallExpr *Call, const sem::OpInfo &Op,
+                                 const State &St) const {
+  using sem::Storage;
+  const Expr *Self = TensorModel::selfOf(Call);
+  if (!Self && Call->getNumArgs())
+    Self = Call->getArg(0);
+  switch (Op.storage) {
+  case Storage::Detach:
+    return {GradKind::NoGrad, nullptr};
+  case Storage::InPlace:
+    return Self ? eval(Self, St) : GradFact{};
+  case Storage::Factory:
+    break; // options decide, below
+  case Storage::View: {
+    GradFact S = Self ? eval(Self, St) : GradFact{};
+    if (!G.gradEnabledAt(Call))
+      return {GradKind::NoGrad, nullptr};
+    if (S.isGradLeafOrView())
+      return {GradKind::LeafView, S.Source};
+    return S;
+  }
+  default:
+    if (Op.autograd == sem::Autograd::NotDifferentiable)
+      return {GradKind::NoGrad, nullptr};
+    GradFact F = combineInputs(Call, St);
+    // `w.to(...)`/`w.contiguous()` of a leaf may return the leaf itself.
+    if (Op.storage == Storage::MayAlias && F.Kind == GradKind::NonLeaf)
+      F.Kind = GradKind::RequiresGrad;
+    return F;
+  }
+  for (const Expr *A : Call->arguments())
+    if (!Model.isTensorExpr(A) && eval(A, St).Kind == GradKind::Leaf)
+      return {GradKind::Leaf, Call};
+  return {GradKind::NoGrad, nullptr};
+}
+
+GradFact GradFacts::Impl::evalRequiresGradCall(const CXXMemberCallExpr *Call,
+                                               const State &St) const {
+  GradFact S = eval(Call->getImplicitObjectArgument(), St);
+  bool On = Call->getNumArgs() == 0 || isTrue(Call->getArg(0), Ctx);
+  if (!On)
+    return {GradKind::NoGrad, nullptr};
+  if (S.Kind == GradKind::NoGrad || S.Kind == GradKind::Leaf)
+    return {GradKind::Leaf, S.Kind == GradKind::Leaf ? S.Source : Call};
+  return {S.Kind == GradKind::Unknown ? GradKind::RequiresGrad : S.Kind,
+          S.Source ? S.Source : Call};
+}
+
+GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const State &St) const {
+  const CXXMethodDecl *M = Call->getMethodDecl();
+  const Expr *Obj = Call->getImplicitObjectArgument();
+  if (!M || !M->getIdentifier() || !Obj)
+    return {};
+  llvm::StringRef N = M->getName();
+  bool OnTensor = Model.isTensorExpr(Obj);
+  if (!OnTensor && N == "requires_grad" && isInNamespace(M, {"tt", "c10", "at", "torch"}))
+    return optionsFact(Call); // TensorOptions().requires_grad(true)
+  if (OnTensor) {
+    if (N == "requires_grad_" || N == "set_requires_grad")
+      return evalRequiresGradCall(Call, St);
+    if (N == "grad" || N == "mutable_grad")
+      return {GradKind::NoGrad, nullptr};
+    return combineInputs(Call, St); // a tensor method the table does not list
+  }
+  // Containers of parameters: parameters(), named_parameters(), optimizers' groups.
+  if (isInNamespace(M, {"torch"}) &&
+      llvm::StringSwitch<bool>(N)
+          .Cases("parameters", "named_parameters", "param_groups", "params", true)
+          .Default(false))
+    return {GradKind::Leaf, Call};
+  if (N == "forward" && isModuleRecord(M->getParent()))
+    return isParameterFreeModule(Obj->getType())
+               ? combineInputs(Call, St)
+               : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
+  // Element access on a container of parameters: begin(), value(), at()...
+  GradFact O = eval(Obj, St);
+  return O.Kind == GradKind::Leaf ? O : GradFact{};
+}
+
+GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const {
+  if (isStdMoveLike(Call))
+    return eval(Call->getArg(0), St);
+  const FunctionDecl *FD = Call->getDirectCallee();
+  if (FD && FD->getIdentifier() && FD->getName() == "register_parameter")
+    return {GradKind::Leaf, Call};
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
+    OverloadedOperatorKind K = OC->getOperator();
+    if (K == OO_Call && OC->getNumArgs() && isModuleHolderType(OC->getArg(0)->getType()))
+      return isParameterFreeModule(OC->getArg(0)->getType())
+                 ? combineInputs(Call, St)
+                 : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
+    bool Access = K == OO_Arrow || K == OO_Subscript || (K == OO_Star && OC->getNumArgs() == 1);
+    if (Access && !Model.isTensorExpr(OC->getArg(0))) {
+      // `*it`, `it->`, `params[i]` on a container of parameters.
+      GradFact O = eval(OC->getArg(0), St);
+      return O.Kind == GradKind::Leaf ? O : GradFact{};
+    }
+    if (isCompoundAssign(K) && Model.isTensorExpr(OC->getArg(0)))
+      return eval(OC->getArg(0), St);            // returns self
+    if (K == OO_Subscript && OC->getNumArgs()) { // integer index: a view
+      GradFact S = eval(OC->getArg(0), St);
+      return S.isGradLeafOrView() ? GradFact{GradKind::LeafView, S.Source} : S;
+    }
+  }
+  if (const sem::OpInfo *Op = Model.opOf(Call))
+    return evalOp(Call, *Op, St);
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
+    return evalMemberCall(MC, St);
+  if (isa<CXXOperatorCallExpr>(Call))
+    return combineInputs(Call, St); // tensor arithmetic: `a * b`, `-a`
+  if (FD && isInNamespace(FD, {"tt", "at", "c10", "torch"})) {
+    if (FD->getName() == "requires_grad")
+      return optionsFact(Call);
+    bool HasTensorArg = false;
+    for (const Expr *A : Call->arguments())
+      HasTensorArg |= Model.isTensorExpr(A);
+    if (!HasTensorArg && Model.isTensorExpr(Call)) { // a factory the table does not list
+      for (const Expr *A : Call->arguments())
+        if (eval(A, St).Kind == GradKind::Leaf)
+          return {GradKind::Leaf, Call};
+      return {GradKind::NoGrad, nullptr};
+    }
+    if (HasTensorArg && Model.isTensorExpr(Call))
+      return combineInputs(Call, St);
+  }
+  return {};
+}
+
+GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
+  E = stripHandle(E);
+  if (!E)
+    return {};
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
+    auto It = St.find(DRE->getDecl());
+    return It == St.end() ? GradFact{} : It->second;
+  }
+  if (const auto *ME = dyn_cast<MemberExpr>(E)) {
+    if (const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl()))
+      if (parameterField(F))
+        return {GradKind::Leaf, ME};
+    return {};
+  }
+  if (const auto *Call = dyn_cast<CallExpr>(E))
+    return evalCall(Call, St);
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) // TensorOptions(...) and friends
+    for (const Expr *A : CE->arguments())
+      if (eval(A, St).Kind == GradKind::Leaf && !Model.isTensorExpr(CE))
+        return {GradKind::Leaf, CE};
+  return {};
+}
+
+void GradFacts::Impl::transfer(const Stmt *S, State &St) {
+  if (Recording)
+    if (const auto *E = dyn_cast<Expr>(S); E && tracked(E))
+      G.Facts[E] = eval(E, St);
+  if (const auto *DS = dyn_cast<DeclStmt>(S)) {
+    for (const Decl *D : DS->decls())
+      if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getInit())
+        St[VD] = eval(VD->getInit(), St);
+    return;
+  }
+  const auto *Call = dyn_cast<CallExpr>(S);
+  if (const auto *OC = dyn_cast_or_null<CXXOperatorCallExpr>(Call)) {
+    if (OC->getOperator() != OO_Equal || OC->getNumArgs() != 2)
+      return;
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(OC->getArg(0)->IgnoreParenImpCasts()))
+      St[DRE->getDecl()] = eval(OC->getArg(1), St);
+    return;
+  }
+  // `w.requires_grad_()` changes w itself.
+  if (const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(Call))
+    if (const CXXMethodDecl *M = MC->getMethodDecl();
+        M && M->getIdentifier() &&
+        (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad"))
+      if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(MC->getImplicitObjectArgument())))
+        St[DRE->getDecl()] = evalRequiresGradCall(MC, St);
+}
+
+// --- GradFacts -----------------------------------------------------------------------------
+
+GradFacts::GradFacts(const TensorModel &Model, ASTContext &Ctx) : Model(Model), Ctx(Ctx) {}
+GradFacts::~GradFacts() = default;
+
+void GradFacts::run(const FunctionDecl *FD) {
+  Stmt *Body = FD->getBody();
+  if (!Body)
+    return;
+  collectUnderGuard(Body, false, NoGradStmts);
+  CFG::BuildOptions Opts;
+  Opts.AddImplicitDtors = false;
+  Opts.AddTemporaryDtors = false;
+  Opts.AddLifetime = false;
+  Opts.setAllAlwaysAdd();
+  Cfg = CFG::buildCFG(FD, Body, &Ctx, Opts);
+  if (!Cfg)
+    return;
+  Impl D(*this);
+  ForwardDataflow<Impl> Flow(*Cfg, D);
+  if (!Flow.solve(Impl::State{})) {
+    Cfg.reset();
+    return;
+  }
+  D.Recording = true;
+  Flow.replay([this](const CFGBlock &B, unsigned I, const Stmt *S, const Impl::State &) {
+    Positions[S] = {&B, I};
+  });
+}
+
+GradFact GradFacts::factOf(const Expr *E) const {
+  for (const Expr *X : {E, E->IgnoreParenImpCasts(), stripHandle(E)}) {
+    auto It = Facts.find(X);
+    if (It != Facts.end())
+      return It->second;
+  }
+  return {};
+}
+
+bool GradFacts::runsWithoutGrad(const CallExpr *Call) {
+  const FunctionDecl *FD = Call->getDirectCallee();
+  return FD && inNamespacePath(FD, "torch::nn::init::");
+}
+
+bool isUnderNoGrad(const Stmt *S, const Stmt *Body) { return findUnderGuard(Body, S, false) == 1; }
+
+} // namespace clang::tidy::tensor

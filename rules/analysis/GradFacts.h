@@ -1,0 +1,103 @@
+// Autograd facts of one function body, flow-sensitively over its CFG: whether
+// a tensor value requires grad, whether it is a leaf (or a view of one), and
+// whether grad mode is on at a point. Three-valued: where the code does not
+// say (a parameter `torch::Tensor x`), the answer is Unknown and the checks
+// stay silent. See docs/design.md, "Autograd facts".
+#pragma once
+
+#include "analysis/TensorModel.h"
+
+#include "clang/AST/Decl.h"
+#include "clang/AST/Expr.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace clang {
+class CFG;
+class CFGBlock;
+} // namespace clang
+
+namespace clang::tidy::tensor {
+
+enum class GradKind : std::uint8_t {
+  Unknown,      // the code does not say
+  NoGrad,       // does not require grad: plain factories, detach(), data(), grad(),
+                // non-differentiable ops, results made under no-grad
+  Leaf,         // a leaf that requires grad: a parameter, a requires-grad factory,
+                // requires_grad_(); on a container or options value: holds/makes such leaves
+  LeafView,     // a view of such a leaf
+  NonLeaf,      // made by a differentiable op from a requires-grad input (has a grad_fn)
+  RequiresGrad, // requires grad, leaf or not (the paths disagree, or `to()` of a leaf)
+};
+
+enum class Tri : std::uint8_t { No, Yes, Unknown };
+
+struct GradFact {
+  GradKind Kind = GradKind::Unknown;
+  /// Where the value came to require grad: the factory, `parameters()`,
+  /// `requires_grad_()`, the parameter member, the module call.
+  const Stmt *Source = nullptr;
+
+  Tri requiresGrad() const {
+    if (Kind == GradKind::Unknown)
+      return Tri::Unknown;
+    return Kind == GradKind::NoGrad ? Tri::No : Tri::Yes;
+  }
+  /// A leaf that requires grad, or a view of one (PyTorch refuses in-place
+  /// writes on both while grad mode is on).
+  bool isGradLeafOrView() const { return Kind == GradKind::Leaf || Kind == GradKind::LeafView; }
+  bool operator==(const GradFact &O) const { return Kind == O.Kind && Source == O.Source; }
+};
+
+class GradFacts {
+public:
+  GradFacts(const TensorModel &Model, ASTContext &Ctx);
+  ~GradFacts();
+
+  /// Analyses FD's body (a function, method or lambda call operator).
+  void run(const FunctionDecl *FD);
+
+  /// The fact of the value E has at its own program point (tensor handles,
+  /// containers of parameters, TensorOptions); Unknown if never recorded.
+  GradFact factOf(const Expr *E) const;
+
+  /// False when S runs under a no-grad guard (`NoGradGuard`,
+  /// `AutoGradMode(false)`, `InferenceMode`) declared in an enclosing block
+  /// of this body.
+  bool gradEnabledAt(const Stmt *S) const { return !NoGradStmts.contains(S); }
+
+  /// Calls that run with grad mode off inside (`torch::nn::init::*`): their
+  /// in-place writes are not recorded by autograd.
+  static bool runsWithoutGrad(const CallExpr *Call);
+
+  /// The CFG the facts were computed on (every sub-expression an element),
+  /// and where S is in it: for searches from a point. Null / {null, 0} when
+  /// the body was not analysed or S is not an element.
+  const CFG *cfg() const { return Cfg.get(); }
+  std::pair<const CFGBlock *, unsigned> position(const Stmt *S) const {
+    auto It = Positions.find(S);
+    return It == Positions.end() ? std::pair<const CFGBlock *, unsigned>{nullptr, 0} : It->second;
+  }
+
+  struct Impl;
+
+private:
+  const TensorModel &Model;
+  ASTContext &Ctx;
+  llvm::DenseMap<const Expr *, GradFact> Facts;
+  llvm::DenseSet<const Stmt *> NoGradStmts;
+  std::unique_ptr<CFG> Cfg;
+  llvm::DenseMap<const Stmt *, std::pair<const CFGBlock *, unsigned>> Positions;
+};
+
+/// True when S (inside Body) runs under a `NoGradGuard` (or
+/// `AutoGradMode(false)` / `InferenceMode`) declared in an enclosing block.
+bool isUnderNoGrad(const Stmt *S, const Stmt *Body);
+
+/// A `NoGradGuard` / `AutoGradMode(false)` / `InferenceMode` declaration.
+bool isNoGradGuardDecl(const Stmt *St);
+
+} // namespace clang::tidy::tensor

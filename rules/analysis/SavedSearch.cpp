@@ -1,0 +1,188 @@
+#include "analysis/SavedSearch.h"
+
+#include "analysis/AstHelpers.h"
+
+#include "clang/AST/ExprCXX.h"
+#include "clang/Analysis/CFG.h"
+#include "llvm/ADT/SmallPtrSet.h"
+
+#include <optional>
+
+namespace clang::tidy::tensor {
+
+const Expr *viewRoot(const Expr *E, const TensorModel &Model) {
+  while (E) {
+    E = stripHandle(E);
+    const auto *Call = dyn_cast<CallExpr>(E);
+    if (!Call)
+      return E;
+    const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
+    if (OC && OC->getOperator() == OO_Subscript && Model.isTensorExpr(OC->getArg(0))) {
+      E = OC->getArg(0);
+      continue;
+    }
+    const sem::OpInfo *Op = OC ? nullptr : Model.opOf(Call);
+    if (!Op || Op->storage != sem::Storage::View)
+      return E;
+    const Expr *Self = TensorModel::selfOf(Call);
+    E = Self ? Self : Call->getArg(0);
+  }
+  return E;
+}
+
+bool isBackwardCall(const Stmt *S, const TensorModel &Model) {
+  const auto *Call = dyn_cast<CallExpr>(S);
+  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+  if (!FD || !FD->getIdentifier())
+    return false;
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
+    return FD->getName() == "backward" && Model.isTensorExpr(MC->getImplicitObjectArgument());
+  return (FD->getName() == "backward" || FD->getName() == "grad") &&
+         llvm::StringRef(FD->getQualifiedNameAsString()).contains("autograd::");
+}
+
+namespace {
+bool namesDecl(const Expr *E, const ValueDecl *V) {
+  const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E ? stripHandle(E) : nullptr);
+  return DRE && DRE->getDecl() == V;
+}
+
+// nullopt: S does not define V; else the value it gives V (null: none).
+std::optional<const Expr *> definitionOf(const Stmt *S, const ValueDecl *V) {
+  if (const auto *DS = dyn_cast<DeclStmt>(S)) {
+    for (const Decl *D : DS->decls())
+      if (D == V)
+        return cast<VarDecl>(D)->getInit();
+    return std::nullopt;
+  }
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S))
+    if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2 &&
+        isa<DeclRefExpr>(OC->getArg(0)->IgnoreParenImpCasts()) && namesDecl(OC->getArg(0), V))
+      return OC->getArg(1);
+  return std::nullopt;
+}
+
+// The op-table name of a call: `a * b` is mul, `a / b` div.
+llvm::StringRef opName(const CallExpr *Call, const TensorModel &Model) {
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
+    bool Tensors = false;
+    for (const Expr *A : OC->arguments())
+      Tensors |= Model.isTensorExpr(A);
+    if (!Tensors || OC->getNumArgs() != 2)
+      return "";
+    return OC->getOperator() == OO_Star ? "mul" : OC->getOperator() == OO_Slash ? "div" : "";
+  }
+  const sem::OpInfo *Op = Model.opOf(Call);
+  return Op ? llvm::StringRef(Op->name.data(), Op->name.size()) : "";
+}
+
+// The call's tensor inputs, self first.
+llvm::SmallVector<const Expr *, 3> tensorInputs(const CallExpr *Call, const TensorModel &Model) {
+  llvm::SmallVector<const Expr *, 3> In;
+  if (const Expr *Self = TensorModel::selfOf(Call); Self && !isa<CXXOperatorCallExpr>(Call))
+    In.push_back(Self);
+  for (const Expr *A : Call->arguments())
+    if (Model.isTensorExpr(A))
+      In.push_back(A);
+  return In;
+}
+
+bool requiresGrad(const GradFacts &G, const Expr *E) {
+  return G.factOf(E).requiresGrad() == Tri::Yes;
+}
+
+// Call saved (the value of) V as one of its inputs, autograd recording it.
+bool savesInputV(const GradFacts &G, const TensorModel &Model, const CallExpr *Call,
+                 const ValueDecl *V) {
+  sem::Saves Saves = sem::savesOf(opName(Call, Model));
+  if (Saves == sem::Saves::Nothing || !requiresGrad(G, Call))
+    return false;
+  auto In = tensorInputs(Call, Model);
+  bool SelfRG = !In.empty() && requiresGrad(G, In[0]);
+  bool OtherRG = In.size() > 1 && requiresGrad(G, In[1]);
+  for (unsigned I = 0; I < In.size() && I < 2; ++I)
+    if (namesDecl(viewRoot(In[I], Model), V) && sem::savesInput(Saves, I, SelfRG, OtherRG))
+      return true;
+  return false;
+}
+
+// Init is an op call (or a view of one) that saved its result, recorded.
+const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const Expr *Init) {
+  const auto *Call = dyn_cast_or_null<CallExpr>(Init ? viewRoot(Init, Model) : nullptr);
+  if (!Call || !sem::savesResult(sem::savesOf(opName(Call, Model))) || !requiresGrad(G, Call))
+    return nullptr;
+  return Call;
+}
+
+enum class Step { Continue, StopPath, Found };
+
+Step visitBack(const GradFacts &G, const TensorModel &Model, const ValueDecl *V, const Stmt *S,
+               SavedBy &Out) {
+  if (std::optional<const Expr *> Def = definitionOf(S, V)) {
+    Out.Op = savesResult(G, Model, *Def);
+    Out.Result = Out.Op != nullptr;
+    return Out.Op ? Step::Found : Step::StopPath;
+  }
+  if (const auto *E = dyn_cast<Expr>(S))
+    if (const Expr *T = Model.inPlaceTarget(E); T && namesDecl(viewRoot(T, Model), V))
+      return Step::StopPath; // an earlier write: reported there
+  if (const auto *Call = dyn_cast<CallExpr>(S); Call && savesInputV(G, Model, Call, V)) {
+    Out.Op = Call;
+    return Step::Found;
+  }
+  return Step::Continue;
+}
+} // namespace
+
+SavedBy findSaver(const GradFacts &G, const TensorModel &Model, const ValueDecl *V,
+                  const Stmt *Write) {
+  auto [Start, Index] = G.position(Write);
+  SavedBy Out;
+  if (!Start)
+    return Out;
+  llvm::SmallVector<std::pair<const CFGBlock *, unsigned>, 8> Work{{Start, Index}};
+  llvm::SmallPtrSet<const CFGBlock *, 16> Seen;
+  while (!Work.empty()) {
+    auto [B, End] = Work.pop_back_val();
+    Step St = Step::Continue;
+    for (unsigned I = End; I-- > 0 && St == Step::Continue;)
+      if (auto CS = (*B)[I].getAs<CFGStmt>())
+        St = visitBack(G, Model, V, CS->getStmt(), Out);
+    if (St == Step::Found)
+      return Out;
+    if (St == Step::StopPath)
+      continue;
+    for (const CFGBlock *P : B->preds())
+      if (P && Seen.insert(P).second)
+        Work.push_back({P, P->size()});
+  }
+  return {};
+}
+
+const CallExpr *findBackwardAfter(const GradFacts &G, const TensorModel &Model, const Stmt *Write,
+                                  const Stmt *Op) {
+  auto [Start, Index] = G.position(Write);
+  if (!Start)
+    return nullptr;
+  llvm::SmallVector<std::pair<const CFGBlock *, unsigned>, 8> Work{{Start, Index + 1}};
+  llvm::SmallPtrSet<const CFGBlock *, 16> Seen;
+  while (!Work.empty()) {
+    auto [B, Begin] = Work.pop_back_val();
+    bool Stop = false;
+    for (unsigned I = Begin; I < B->size() && !Stop; ++I)
+      if (auto CS = (*B)[I].getAs<CFGStmt>()) {
+        if (CS->getStmt() == Op)
+          Stop = true;
+        else if (isBackwardCall(CS->getStmt(), Model))
+          return cast<CallExpr>(CS->getStmt());
+      }
+    if (Stop)
+      continue;
+    for (const CFGBlock *S : B->succs())
+      if (S && Seen.insert(S).second)
+        Work.push_back({S, 0});
+  }
+  return nullptr;
+}
+
+} // namespace clang::tidy::tensor

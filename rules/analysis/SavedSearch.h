@@ -1,0 +1,33 @@
+// Searches over a function's CFG (GradFacts::cfg) for the autograd checks:
+// which earlier op saved a tensor for backward, and whether a backward()
+// can run after a point.
+#pragma once
+
+#include "analysis/GradFacts.h"
+
+namespace clang::tidy::tensor {
+
+/// The op call that saved the value V holds at Write (its result, or one of
+/// its inputs, by the op table's TT_SAVES and the grad facts), searching
+/// back from Write to V's definitions. Null when none, or when an earlier
+/// in-place write to V lies in between (that one is reported).
+struct SavedBy {
+  const CallExpr *Op = nullptr;
+  bool Result = false; // the op saved its result (else the input V)
+};
+SavedBy findSaver(const GradFacts &G, const TensorModel &Model, const ValueDecl *V,
+                  const Stmt *Write);
+
+/// A `backward()` / `torch::autograd::backward` / `torch::autograd::grad` call
+/// reachable from Write without running Op again; null when none.
+const CallExpr *findBackwardAfter(const GradFacts &G, const TensorModel &Model, const Stmt *Write,
+                                  const Stmt *Op);
+
+/// `x.backward()`, `torch::autograd::backward(...)`, `torch::autograd::grad(...)`.
+bool isBackwardCall(const Stmt *S, const TensorModel &Model);
+
+/// E without explicit view ops (`h[0]`, `h.select(...)`): the tensor whose
+/// storage and version counter a write through E changes.
+const Expr *viewRoot(const Expr *E, const TensorModel &Model);
+
+} // namespace clang::tidy::tensor
