@@ -134,8 +134,7 @@ std::string textOf(const Expr *E, const ASTContext &Ctx) {
 
 // `.detach()` after the value, in parentheses unless it is a postfix expression.
 std::optional<FixItHint> detachFix(const Expr *V, ASTContext &Ctx) {
-  if (V->getBeginLoc().isMacroID() || V->getEndLoc().isMacroID() ||
-      inTemplateInstantiation(V, Ctx))
+  if (V->getBeginLoc().isMacroID() || V->getEndLoc().isMacroID() || inTemplateInstantiation(V, Ctx))
     return std::nullopt;
   std::string Text = textOf(V, Ctx);
   if (Text.empty())
@@ -156,8 +155,8 @@ std::string message(const Accumulation &A, const ASTContext &Ctx) {
                                                          : "is accumulated into";
   return Shown + " requires grad and " + How + " '" + T +
          "', which outlives the loop iteration: every iteration's autograd graph (its nodes and "
-         "the tensors they saved for backward) stays alive as long as '" + T +
-         "' does, and nothing differentiates it; keep " +
+         "the tensors they saved for backward) stays alive as long as '" +
+         T + "' does, and nothing differentiates it; keep " +
          (Named ? "'" + V + ".detach()'" : "its '.detach()'") +
          ", or '.item<double>()' to keep a number";
 }
@@ -181,7 +180,8 @@ Finding keptFinding(StringRef Check, const Accumulation &A, bool Fixed, const So
   // Where the kept value is made: its variable's declaration, else itself.
   const auto *DRE = dyn_cast<DeclRefExpr>(A.Value);
   const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
-  F.Origin = SourcePoint::at(VD && VD->hasLocalStorage() ? VD->getLocation() : A.Value->getBeginLoc(), SM);
+  F.Origin =
+      SourcePoint::at(VD && VD->hasLocalStorage() ? VD->getLocation() : A.Value->getBeginLoc(), SM);
   F.Handles.push_back(handleOf(HandleRole::Written, stateRoot(A.Target), SM));
   if (VD)
     F.Handles.push_back(handleOf(HandleRole::Source, VD, SM));

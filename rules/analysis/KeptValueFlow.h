@@ -28,8 +28,8 @@ class KeptValueFlow {
 public:
   KeptValueFlow(const TensorModel &Model, ASTContext &Ctx) : Model(Model), Ctx(Ctx) {}
 
-  /// E certainly requires grad at At (a module's output, an op on one, with
-  /// grad mode on there); false when it does not or the code does not say.
+  /// E certainly requires grad at At, with grad mode on there (the autograd
+  /// facts, GradFacts); false when it does not or the code does not say.
   bool requiresGradAt(const Expr *E, const Stmt *At) const;
 
   /// The state Target names, or what is derived from it, may be
