@@ -6,6 +6,7 @@
 #include "llvm/Support/Path.h"
 
 #include <cstdio>
+#include <set>
 
 using namespace llvm;
 using clang::tidy::tensor::Finding;
@@ -241,33 +242,44 @@ struct GraphSeries {
     std::string At = formatv("{0} at {1}:{2}", Op, sys::path::filename(File), Line).str();
     if (A->GraphNodes == B->GraphNodes)
       return formatv("live autograd nodes after {0} stay at {1}", At, A->GraphNodes).str();
-    return formatv("live autograd nodes after {0} grew {1} -> {2} over {3} iterations; tensors "
-                   "saved for backward {4} -> {5}",
-                   At, A->GraphNodes, B->GraphNodes, Evs.size(), formatSize(A->GraphBytes),
-                   formatSize(B->GraphBytes))
-        .str();
+    std::string Text = formatv("live autograd nodes after {0} grew {1} -> {2} over {3} iterations",
+                               At, A->GraphNodes, B->GraphNodes, Evs.size());
+    if (A->GraphBytes != B->GraphBytes)
+      Text += "; tensors saved for backward " + formatSize(A->GraphBytes) + " -> " +
+              formatSize(B->GraphBytes);
+    return Text;
   }
 };
+
+// The last op of one run of line L: the ops before the first one repeats.
+const Event *lastOpOfLine(llvm::ArrayRef<const Event *> At) {
+  const Event *Last = nullptr;
+  std::set<std::string> Seen;
+  for (const Event *E : At)
+    if (E->Kind == EventKind::Op && E->GraphNodes >= 0) {
+      if (!Seen.insert(E->Op).second)
+        break;
+      Last = E;
+    }
+  return Last;
+}
 
 GraphSeries graphSeries(const Trace &T, StringRef File, unsigned From, unsigned To) {
   GraphSeries S;
   for (unsigned L = std::min(From, To); L <= std::max(From, To); ++L) {
     std::vector<const Event *> At = T.at(File, L);
-    const Event *First = nullptr;
-    for (const Event *E : At)
-      if (E->Kind == EventKind::Op && E->GraphNodes >= 0 && !First)
-        First = E;
-    if (!First)
+    const Event *Last = lastOpOfLine(At);
+    if (!Last)
       continue;
     for (const Event *E : At)
-      if (E->Kind == EventKind::Op && E->Op == First->Op)
+      if (E->Kind == EventKind::Op && E->Op == Last->Op)
         S.Evs.push_back(E);
     if (S.Evs.size() < 2) {
       S.Evs.clear();
       continue;
     }
     S.Line = L;
-    S.Op = First->Op;
+    S.Op = Last->Op;
     return S;
   }
   return S;
@@ -282,7 +294,9 @@ HazardJudgement graphHazard(const HazardInput &In, json::Object &Figures) {
   Figures["origin_line"] = From;
   GraphSeries S = graphSeries(In.T, File, From, Line);
   if (S.Evs.empty()) {
-    J.Evidence.push_back("no op at " + In.Where + " ran more than once with the graph counted");
+    J.Verdict = HazardVerdict::NotExercised;
+    J.Evidence.push_back("no op from where the kept value is made to " + In.Where +
+                         " ran more than once with the graph counted");
     return J;
   }
   Figures["graph_nodes_first"] = S.Evs.front()->GraphNodes;
@@ -319,12 +333,16 @@ FixJudgement graphFix(const FixInput &In, json::Object &Figures) {
 // ------------------------------------------------------------- the table --
 
 const CheckRule Rules[] = {
-    {"tensor-alias-then-mutate", HazardKind::SharedStorageWrite, true, writeHazard, writeFix},
-    {"tensor-inplace-on-detached", HazardKind::DetachedWrite, true, writeHazard, writeFix},
-    {"tensor-view-non-contiguous", HazardKind::ViewThrows, false, viewHazard, viewFix},
-    {"tensor-reshape-non-contiguous", HazardKind::ImplicitCopy, false, reshapeHazard, reshapeFix},
-    {"tensor-clone-in-loop", HazardKind::LoopInvariantCopy, false, loopCopyHazard, loopCopyFix},
-    {"tensor-graph-kept-across-iterations", HazardKind::GraphKept, false, graphHazard, graphFix},
+    {"tensor-alias-then-mutate", HazardKind::SharedStorageWrite, true, false, writeHazard,
+     writeFix},
+    {"tensor-inplace-on-detached", HazardKind::DetachedWrite, true, false, writeHazard, writeFix},
+    {"tensor-view-non-contiguous", HazardKind::ViewThrows, false, false, viewHazard, viewFix},
+    {"tensor-reshape-non-contiguous", HazardKind::ImplicitCopy, false, false, reshapeHazard,
+     reshapeFix},
+    {"tensor-clone-in-loop", HazardKind::LoopInvariantCopy, false, false, loopCopyHazard,
+     loopCopyFix},
+    {"tensor-graph-kept-across-iterations", HazardKind::GraphKept, false, true, graphHazard,
+     graphFix},
 };
 
 } // namespace

@@ -55,6 +55,9 @@ struct CheckRule {
   clang::tidy::tensor::HazardKind Hazard;
   /// The hazard is a write: values computed from it may differ in the fixed run.
   bool Writes;
+  /// The finding's line may run without trace events of its own
+  /// (`v.push_back(t)`): the judge itself says whether the hazard ran.
+  bool QuietLine;
   HazardJudgement (*JudgeHazard)(const HazardInput &In, llvm::json::Object &Figures);
   FixJudgement (*JudgeFix)(const FixInput &In, llvm::json::Object &Figures);
 };

@@ -494,7 +494,7 @@ void Verifier::judge(Program &P) {
 void Verifier::judgeHazard(Program &P, Checked &F) {
   HazardInput In{P.OrigTrace, F.where(), P.OrigTrace.at(F.File, F.Line),
                  P.OrigTrace.errorAt(F.File, F.Line), F.Typed};
-  if (In.At.empty() && !In.Err) {
+  if (In.At.empty() && !In.Err && !F.Rule->QuietLine) {
     F.Hazard = HazardVerdict::NotExercised;
     F.HazardEv.push_back("line " + In.Where + " never ran in the original program" +
                          (P.OrigRun.failed() ? " (it stopped early)" : ""));
