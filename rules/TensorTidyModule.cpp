@@ -14,6 +14,7 @@
 #include "InplaceOverlapCheck.h"
 #include "InplaceOnLeafCheck.h"
 #include "InplaceOnSavedCheck.h"
+#include "GraphKeptAcrossIterationsCheck.h"
 
 namespace clang::tidy::tensor {
 
@@ -31,6 +32,7 @@ public:
     Factories.registerCheck<DeviceMismatchCheck>("tensor-device-mismatch");
     Factories.registerCheck<InplaceOnLeafCheck>("tensor-inplace-on-leaf");
     Factories.registerCheck<InplaceOnSavedCheck>("tensor-inplace-on-saved");
+    Factories.registerCheck<GraphKeptAcrossIterationsCheck>("tensor-graph-kept-across-iterations");
   }
 };
 

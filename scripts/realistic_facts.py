@@ -53,11 +53,28 @@ def backward_fails(fn):
     return raises(fn, "modified by an inplace operation")
 
 
+def kept_nodes(objs):
+    """Autograd nodes reachable from the tensors in objs (a tensor, a list or a
+    dict of them): what keeping them keeps alive."""
+    if isinstance(objs, dict):
+        objs = list(objs.values())
+    elif not isinstance(objs, (list, tuple)):
+        objs = [objs]
+    seen, stack = set(), [t.grad_fn for t in objs if getattr(t, "grad_fn", None) is not None]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(nf for nf, _ in fn.next_functions)
+    return len(seen)
+
+
 def helpers():
     import torch
     return {"torch": torch, "shares_storage": shares_storage, "is_view_of": is_view_of,
             "is_copy_of": is_copy_of, "is_contiguous": is_contiguous, "raises": raises,
-            "backward_fails": backward_fails}
+            "backward_fails": backward_fails, "kept_nodes": kept_nodes}
 
 
 def scan(path):

@@ -19,7 +19,8 @@ CHECKS = ["tensor-alias-then-mutate", "tensor-reshape-non-contiguous",
           "tensor-view-non-contiguous", "tensor-inplace-on-detached", "tensor-clone-in-loop",
           "tensor-inplace-on-expanded", "tensor-inplace-overlap",
           "tensor-copy-narrowing", "tensor-device-mismatch",
-          "tensor-inplace-on-leaf", "tensor-inplace-on-saved"]
+          "tensor-inplace-on-leaf", "tensor-inplace-on-saved",
+          "tensor-graph-kept-across-iterations"]
 TORCH_FLAGS = "-isystem /usr/include/torch/csrc/api/include"
 
 

@@ -33,6 +33,7 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::DeviceMismatch, "device-mismatch"},
     {HazardKind::LeafInplace, "leaf-inplace"},
     {HazardKind::SavedInplace, "saved-inplace"},
+    {HazardKind::GraphKept, "graph-kept-across-iterations"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -49,6 +50,7 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::ExplicitConvert, "explicit-convert"},
     {FixKind::ToOtherDevice, "to-other-device"},
     {FixKind::NoGradBlock, "no-grad-block"},
+    {FixKind::DetachKept, "detach-kept"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -72,6 +74,8 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::LeafRequiresGrad, "leaf-requires-grad"},
     {Fact::SavedForBackward, "saved-for-backward"},
     {Fact::BackwardInFunction, "backward-in-function"},
+    {Fact::RequiresGrad, "requires-grad"},
+    {Fact::NotDifferentiated, "not-differentiated-later"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},

@@ -44,6 +44,7 @@ enum class HazardKind {
   DeviceMismatch,     // an op combines tensors on two devices: throws
   LeafInplace,        // an in-place write on a leaf that requires grad (autograd refuses)
   SavedInplace,       // an in-place write on a tensor saved for backward (backward refuses)
+  GraphKept,          // a value that requires grad kept across loop iterations
 };
 
 /// What the offered fix-it does (None: no fix-it).
@@ -62,6 +63,7 @@ enum class FixKind {
   ExplicitConvert,  // copy_(src) -> copy_(src.to(dst.scalar_type()))
   ToOtherDevice,    // x -> x.to(other.device())
   NoGradBlock,      // the update wrapped in `{ torch::NoGradGuard no_grad; ... }`
+  DetachKept,       // total += loss -> total += loss.detach()
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
@@ -88,6 +90,8 @@ enum class Fact {
   LeafRequiresGrad,   // the written tensor is a leaf (or a view of one) that requires grad
   SavedForBackward,   // an earlier op saved the written tensor for its backward
   BackwardInFunction, // backward() through that op runs later in the same function
+  RequiresGrad,       // the kept value requires grad (a module output, a loss)
+  NotDifferentiated,  // nothing differentiates the accumulation afterwards
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line

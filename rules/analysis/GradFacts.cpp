@@ -189,6 +189,37 @@ GradKind joinKind(GradKind A, GradKind B) {
   return Requires(A) && Requires(B) ? GradKind::RequiresGrad : GradKind::Unknown;
 }
 
+// `x.requires_grad_()` / `x.set_requires_grad(b)`: makes a leaf, not an op.
+bool isRequiresGradSetter(const CXXMemberCallExpr *MC) {
+  const CXXMethodDecl *M = MC ? MC->getMethodDecl() : nullptr;
+  return M && M->getIdentifier() &&
+         (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad");
+}
+
+// A method of the user's module, other than forward, that runs one of its
+// layers (`decode`, `encode`): its result comes from them as forward's does.
+bool runsALayer(const Stmt *S) {
+  if (!S)
+    return false;
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
+      OC && OC->getOperator() == OO_Call && OC->getNumArgs() &&
+      isModuleHolderType(OC->getArg(0)->getType()) &&
+      !isParameterFreeModule(OC->getArg(0)->getType()))
+    return true;
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S))
+    if (const CXXMethodDecl *M = MC->getMethodDecl();
+        M && M->getIdentifier() && M->getName() == "forward" && isModuleRecord(M->getParent()))
+      return true;
+  return llvm::any_of(S->children(), [](const Stmt *C) { return runsALayer(C); });
+}
+
+bool isUserLayerMethod(const CXXMemberCallExpr *Call) {
+  const CXXMethodDecl *M = Call->getMethodDecl();
+  const FunctionDecl *Def = nullptr;
+  return M && isModuleRecord(M->getParent()) && !isTensorLibraryCode(M) && M->hasBody(Def) &&
+         runsALayer(Def->getBody());
+}
+
 bool isTrue(const Expr *E, ASTContext &Ctx) {
   bool V = true;
   return !E || isa<CXXDefaultArgExpr>(E) || !E->EvaluateAsBooleanCondition(V, Ctx) || V;
@@ -228,6 +259,15 @@ struct GradFacts::Impl {
   GradFact combineInputs(const CallExpr *Call, const State &St) const;
   GradFact evalRequiresGradCall(const CXXMemberCallExpr *Call, const State &St) const;
   bool tracked(const Expr *E) const;
+  // `auto [a, b] = f(x)`: a module's results all follow it; of an op's
+  // results only the first does (the others may be indices).
+  void bindDecomposition(const DecompositionDecl *DD, State &St) const {
+    GradFact F = St.lookup(DD);
+    const auto *Call = dyn_cast<CallExpr>(stripHandle(DD->getInit()));
+    bool All = Call && !Model.opOf(Call);
+    for (const BindingDecl *B : DD->bindings())
+      St[B] = All || B == DD->bindings().front() ? F : GradFact{};
+  }
   // `requires_grad(b)` of options: makes leaves that require grad when b.
   GradFact optionsFact(const CallExpr *Call) const {
     bool On = Call->getNumArgs() == 0 || isTrue(Call->getArg(0), Ctx);
@@ -361,7 +401,9 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
     return isParameterFreeModule(Obj->getType())
                ? combineInputs(Call, St)
                : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
-  // Element access on a container: begin(), value(), at()...
+  if (Model.isTensorExpr(Call) && isUserLayerMethod(Call))
+    return {G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
+  // Element access on a container of parameters: begin(), value(), at()...
   return eval(Obj, St);
 }
 
@@ -394,9 +436,10 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
       return S.isGradLeafOrView() ? GradFact{GradKind::LeafView, S.Source} : S;
     }
   }
-  if (const sem::OpInfo *Op = Model.opOf(Call))
-    return evalOp(Call, *Op, St);
-  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+  if (const sem::OpInfo *Op = Model.opOf(Call); Op && !isRequiresGradSetter(MC))
+    return evalOp(Call, *Op, St); // requires_grad_ is a table row too, not differentiable
+  if (MC)
     return evalMemberCall(MC, St);
   if (isa<CXXOperatorCallExpr>(Call))
     return combineInputs(Call, St); // tensor arithmetic: `a * b`, `-a`
@@ -447,8 +490,11 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
       G.Facts[E] = eval(E, St);
   if (const auto *DS = dyn_cast<DeclStmt>(S)) {
     for (const Decl *D : DS->decls())
-      if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getInit())
+      if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getInit()) {
         St[VD] = eval(VD->getInit(), St);
+        if (const auto *DD = dyn_cast<DecompositionDecl>(VD))
+          bindDecomposition(DD, St);
+      }
     return;
   }
   const auto *Call = dyn_cast<CallExpr>(S);

@@ -459,30 +459,6 @@ bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned 
   return Writes;
 }
 
-bool LoopAnalysis::mayHoldTensors(QualType T, unsigned Depth) const {
-  T = T.getNonReferenceType();
-  if (T->isPointerType())
-    return true;
-  if (Model.isTensorType(T))
-    return true;
-  const auto *RD = T->getAsCXXRecordDecl();
-  if (!RD || Depth > 3)
-    return RD != nullptr;
-  if (const auto *TS = dyn_cast<ClassTemplateSpecializationDecl>(RD))
-    for (const TemplateArgument &A : TS->getTemplateArgs().asArray())
-      if (A.getKind() == TemplateArgument::Type && mayHoldTensors(A.getAsType(), Depth + 1))
-        return true;
-  if (!RD->hasDefinition())
-    return true;
-  for (const FieldDecl *Fd : RD->fields())
-    if (mayHoldTensors(Fd->getType(), Depth + 1))
-      return true;
-  for (const CXXBaseSpecifier &B : RD->bases())
-    if (mayHoldTensors(B.getType(), Depth + 1))
-      return true;
-  return false;
-}
-
 const LoopAnalysis::LoopFacts &LoopAnalysis::factsOf(const Stmt *Loop) {
   auto &Slot = Loops[Loop];
   if (Slot)
@@ -573,7 +549,7 @@ bool LoopAnalysis::isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const 
   // opaque call is not given (Note [Opaque calls] in docs/design.md).
   bool CallerTensor = isCallerTensor(V);
   if (F.Opaque && !CallerTensor && (Foreign.count(root(V)) || isa<ParmVarDecl>(V)) &&
-      mayHoldTensors(V->getType()))
+      Model.mayHoldTensors(V->getType()))
     return false;
   return true;
 }

@@ -75,9 +75,6 @@ private:
   const Stmt *climbCall(const CallExpr *C, const Expr *Cur, const Stmt *Loop, Use &U,
                         llvm::SmallVectorImpl<const VarDecl *> &Work);
   bool useAsArgument(const CallExpr *C, const FunctionDecl *Callee, const Expr *Cur, Use &U);
-  /// A value of type T may reach tensor storage (a tensor, a container or
-  /// class holding one, a pointer): c10::Device, TensorOptions, ints cannot.
-  bool mayHoldTensors(QualType T, unsigned Depth = 0) const;
   /// A call of Callee may write (in place) the tensor passed as argument I:
   /// true unless its body is visible and only reads it.
   bool mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth = 0) const;

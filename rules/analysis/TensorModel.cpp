@@ -113,4 +113,40 @@ bool TensorModel::isMetadataMethod(llvm::StringRef Name) {
       .Default(false);
 }
 
+bool TensorModel::mayHoldTensors(QualType T, unsigned Depth) const {
+  T = T.getNonReferenceType();
+  if (T->isPointerType())
+    return true;
+  if (isTensorType(T))
+    return true;
+  const auto *RD = T->getAsCXXRecordDecl();
+  if (!RD || Depth > 3)
+    return RD != nullptr;
+  if (const auto *TS = dyn_cast<ClassTemplateSpecializationDecl>(RD)) {
+    for (const TemplateArgument &A : TS->getTemplateArgs().asArray()) {
+      ArrayRef<TemplateArgument> Args =
+          A.getKind() == TemplateArgument::Pack ? A.pack_elements() : ArrayRef(A);
+      for (const TemplateArgument &E : Args)
+        if (E.getKind() == TemplateArgument::Type && mayHoldTensors(E.getAsType(), Depth + 1))
+          return true;
+    }
+    // A standard container holds only its elements (its own pointers do not
+    // reach tensors): vector<double> holds none.
+    if (TS->isInStdNamespace() && TS->getIdentifier() &&
+        llvm::is_contained({"vector", "deque", "list", "map", "unordered_map", "set", "array",
+                            "pair", "tuple", "optional", "basic_string"},
+                           TS->getName()))
+      return false;
+  }
+  if (!RD->hasDefinition())
+    return true;
+  for (const FieldDecl *Fd : RD->fields())
+    if (mayHoldTensors(Fd->getType(), Depth + 1))
+      return true;
+  for (const CXXBaseSpecifier &B : RD->bases())
+    if (mayHoldTensors(B.getType(), Depth + 1))
+      return true;
+  return false;
+}
+
 } // namespace clang::tidy::tensor

@@ -45,6 +45,10 @@ public:
   // rvalue-qualified operator= copies into the storage).
   const Expr *inPlaceTarget(const Expr *E) const;
 
+  // A value of type T may reach tensor storage (a tensor, a container or
+  // class holding one, a pointer): c10::Device, TensorOptions, ints cannot.
+  bool mayHoldTensors(QualType T, unsigned Depth = 0) const;
+
   // Methods that read only metadata (shape, dtype, device, flags), never data.
   static bool isMetadataMethod(llvm::StringRef Name);
 

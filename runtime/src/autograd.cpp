@@ -186,11 +186,31 @@ void rebaseHistory(const Tensor &self, const std::shared_ptr<FunctionNode> &fn) 
   m.attr_version = self._version();
 }
 
+// --- live graph ----------------------------------------------------------------------------------
+namespace {
+std::atomic<std::int64_t> g_live_nodes{0}, g_saved_bytes{0};
+
+std::int64_t bytesOf(const Tensor &t) {
+  return t.defined() ? t.numel() * static_cast<std::int64_t>(elementSize(t.dtype())) : 0;
+}
+} // namespace
+
+std::int64_t liveNodes() { return g_live_nodes.load(std::memory_order_relaxed); }
+std::int64_t savedBytes() { return g_saved_bytes.load(std::memory_order_relaxed); }
+FunctionNode::FunctionNode() { g_live_nodes.fetch_add(1, std::memory_order_relaxed); }
+FunctionNode::~FunctionNode() { g_live_nodes.fetch_sub(1, std::memory_order_relaxed); }
+
+void SavedBytes::set(std::int64_t bytes) {
+  g_saved_bytes.fetch_add(bytes - bytes_, std::memory_order_relaxed);
+  bytes_ = bytes;
+}
+
 // --- saved variables ---------------------------------------------------------------------------
 SavedVariable::SavedVariable(const Tensor &t, bool is_output, const FunctionNode *producer) {
   if (!t.defined())
     return;
   defined_ = true;
+  bytes_.set(bytesOf(t));
   version_ = t._version();
   if (is_output) {
     data_ = detachedAlias(t); // no grad_fn: no reference cycle through the node
@@ -209,6 +229,7 @@ SavedVariable::SavedVariable(const Tensor &t, bool is_output, const FunctionNode
 
 void SavedVariable::rebase(const Tensor &t) {
   data_ = detachedAlias(t);
+  bytes_.set(bytesOf(t));
   version_ = t._version();
 }
 

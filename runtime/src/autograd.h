@@ -32,6 +32,22 @@ struct AutogradMeta {
   std::uint32_t attr_version = kNotAView;
 };
 
+// The bytes a saved tensor keeps, counted in savedBytes() while held.
+class SavedBytes {
+public:
+  SavedBytes() = default;
+  SavedBytes(const SavedBytes &o) { set(o.bytes_); }
+  SavedBytes &operator=(const SavedBytes &o) {
+    set(o.bytes_);
+    return *this;
+  }
+  ~SavedBytes() { set(0); }
+  void set(std::int64_t bytes);
+
+private:
+  std::int64_t bytes_ = 0;
+};
+
 // A tensor saved for backward: its data (no autograd link, so no cycle) and
 // the version it had, checked when backward unpacks it.
 class SavedVariable {
@@ -41,6 +57,7 @@ public:
   Tensor unpack(const FunctionNode *owner) const;
   void reset() {
     data_ = Tensor();
+    bytes_.set(0);
     released_ = true;
   }
   bool defined() const { return defined_; }
@@ -54,10 +71,13 @@ private:
   bool released_ = false;
   std::string grad_fn_name_; // "" for leaves
   std::uint32_t output_nr_ = 0;
+  SavedBytes bytes_;
 };
 
 class FunctionNode : public Node {
 public:
+  FunctionNode();
+  ~FunctionNode() override;
   std::vector<Edge> next;
   // Gradients w.r.t. the outputs -> gradients w.r.t. the inputs (one per edge).
   virtual std::vector<Tensor> apply(std::vector<Tensor> grads) = 0;

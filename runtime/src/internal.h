@@ -28,6 +28,10 @@ namespace tt {
 namespace autograd {
 struct AutogradMeta;
 void destroyMeta(AutogradMeta *m);
+// The graph alive now: grad_fn nodes and the bytes of the tensors they saved
+// for backward (what a graph kept across iterations accumulates; the trace).
+std::int64_t liveNodes();
+std::int64_t savedBytes();
 } // namespace autograd
 
 // Raw bytes on one device, plus the id the trace and memory stats use.

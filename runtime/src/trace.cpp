@@ -351,6 +351,8 @@ void opLine(const char *name, std::initializer_list<const Tensor *> inputs, cons
       s += buf;
     }
   }
+  field(s, key::kGraphNodes, autograd::liveNodes());
+  field(s, key::kGraphBytes, autograd::savedBytes());
   s += "}";
   emit(s);
 }

@@ -16,7 +16,7 @@ struct Reinforce {
       auto logits = policy->forward(obs.to(device));
       auto probs = torch::softmax(logits, -1);
       auto action = probs.multinomial(1);
-      log_probs.push_back(torch::log(probs.gather(-1, action)));
+      log_probs.push_back(torch::log(probs.gather(-1, action))); // LOOKALIKE: tensor-graph-kept-across-iterations -- REINFORCE: torch::cat(log_probs) is differentiated after the episode
       auto [next_obs, r, d] = step(action.item<int64_t>());
       // FACT: x = torch.zeros(3); assert x.cpu() is x
       auto host_obs = next_obs.cpu(); // LOOKALIKE: tensor-clone-in-loop -- declared by the loop body each step (and cpu() of a CPU tensor is a no-op)

@@ -6,6 +6,7 @@
 #include "llvm/Support/Path.h"
 
 #include <cstdio>
+#include <set>
 
 using namespace llvm;
 using clang::tidy::tensor::Finding;
@@ -380,6 +381,116 @@ FixJudgement savedFix(const FixInput &In, json::Object &) {
   return J;
 }
 
+// ------------------------------------- a graph kept across iterations --
+
+/// The live autograd graph after each run of one op at a line in the loop:
+/// the first line from where the kept value is made (the finding's origin) to
+/// the accumulation with op events that repeat, its first op's occurrences.
+struct GraphSeries {
+  unsigned Line = 0;
+  std::string Op;
+  std::vector<const Event *> Evs;
+  bool grows() const {
+    if (Evs.size() < 2)
+      return false;
+    for (size_t I = 1; I < Evs.size(); ++I)
+      if (Evs[I]->GraphNodes <= Evs[I - 1]->GraphNodes)
+        return false;
+    return true;
+  }
+  std::string text(StringRef File) const {
+    const Event *A = Evs.front(), *B = Evs.back();
+    std::string At = formatv("{0} at {1}:{2}", Op, sys::path::filename(File), Line).str();
+    if (A->GraphNodes == B->GraphNodes)
+      return formatv("live autograd nodes after {0} stay at {1}", At, A->GraphNodes).str();
+    std::string Text = formatv("live autograd nodes after {0} grew {1} -> {2} over {3} iterations",
+                               At, A->GraphNodes, B->GraphNodes, Evs.size());
+    if (A->GraphBytes != B->GraphBytes)
+      Text += "; tensors saved for backward " + formatSize(A->GraphBytes) + " -> " +
+              formatSize(B->GraphBytes);
+    return Text;
+  }
+};
+
+// The last op of one run of line L: the ops before the first one repeats.
+const Event *lastOpOfLine(llvm::ArrayRef<const Event *> At) {
+  const Event *Last = nullptr;
+  std::set<std::string> Seen;
+  for (const Event *E : At)
+    if (E->Kind == EventKind::Op && E->GraphNodes >= 0) {
+      if (!Seen.insert(E->Op).second)
+        break;
+      Last = E;
+    }
+  return Last;
+}
+
+GraphSeries graphSeries(const Trace &T, StringRef File, unsigned From, unsigned To) {
+  GraphSeries S;
+  for (unsigned L = std::min(From, To); L <= std::max(From, To); ++L) {
+    std::vector<const Event *> At = T.at(File, L);
+    const Event *Last = lastOpOfLine(At);
+    if (!Last)
+      continue;
+    for (const Event *E : At)
+      if (E->Kind == EventKind::Op && E->Op == Last->Op)
+        S.Evs.push_back(E);
+    if (S.Evs.size() < 2) {
+      S.Evs.clear();
+      continue;
+    }
+    S.Line = L;
+    S.Op = Last->Op;
+    return S;
+  }
+  return S;
+}
+
+HazardJudgement graphHazard(const HazardInput &In, json::Object &Figures) {
+  HazardJudgement J;
+  unsigned Line = In.Typed ? In.Typed->Where.Line : 0;
+  StringRef File = In.Typed ? StringRef(In.Typed->Where.File) : StringRef();
+  unsigned From = In.Typed && In.Typed->Origin.valid() ? In.Typed->Origin.Line : Line;
+  Figures["finding_line"] = Line;
+  Figures["origin_line"] = From;
+  GraphSeries S = graphSeries(In.T, File, From, Line);
+  if (S.Evs.empty()) {
+    J.Verdict = HazardVerdict::NotExercised;
+    J.Evidence.push_back("no op from where the kept value is made to " + In.Where +
+                         " ran more than once with the graph counted");
+    return J;
+  }
+  Figures["graph_nodes_first"] = S.Evs.front()->GraphNodes;
+  Figures["graph_nodes_last"] = S.Evs.back()->GraphNodes;
+  Figures["graph_saved_bytes_last"] = S.Evs.back()->GraphBytes;
+  J.Verdict = S.grows() ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  J.Evidence.push_back(S.text(File));
+  return J;
+}
+
+FixJudgement graphFix(const FixInput &In, json::Object &Figures) {
+  FixJudgement J;
+  // The origin line, as the hazard saw it, shifted as the finding's line was.
+  int64_t Delta = static_cast<int64_t>(In.FixedLine) -
+                  Figures.getInteger("finding_line").value_or(In.FixedLine);
+  unsigned From = static_cast<unsigned>(
+      Figures.getInteger("origin_line").value_or(In.FixedLine - Delta) + Delta);
+  GraphSeries S = graphSeries(In.Fixed, In.File, From, In.FixedLine);
+  if (S.Evs.empty()) {
+    J.Gone = "no graph is kept at " + In.Where;
+    return J;
+  }
+  Figures["graph_nodes_last_after"] = S.Evs.back()->GraphNodes;
+  if (S.grows())
+    J.Remains = S.text(In.File);
+  else
+    J.Gone = S.text(In.File) + formatv(" (were {0} -> {1})",
+                                       Figures.getInteger("graph_nodes_first").value_or(0),
+                                       Figures.getInteger("graph_nodes_last").value_or(0))
+                                   .str();
+  return J;
+}
+
 // ------------------------------------------------------------- the table --
 
 const CheckRule Rules[] = {
@@ -394,6 +505,8 @@ const CheckRule Rules[] = {
     {"tensor-device-mismatch", HazardKind::DeviceMismatch, false, deviceHazard, deviceFix, true},
     {"tensor-inplace-on-leaf", HazardKind::LeafInplace, true, leafHazard, leafFix},
     {"tensor-inplace-on-saved", HazardKind::SavedInplace, true, savedHazard, savedFix},
+    {"tensor-graph-kept-across-iterations", HazardKind::GraphKept, false, graphHazard, graphFix,
+     /*NeedsCuda=*/false, /*QuietLine=*/true},
 };
 
 } // namespace

@@ -60,6 +60,9 @@ struct CheckRule {
   /// The hazard shows only on a CUDA device: without one it is "not
   /// exercised (no CUDA device)", never judged.
   bool NeedsCuda = false;
+  /// The finding's line may run without trace events of its own
+  /// (`v.push_back(t)`): the judge itself says whether the hazard ran.
+  bool QuietLine = false;
 };
 
 /// The row for a check; for an unknown check, the row of its typed hazard

@@ -93,6 +93,8 @@ void readFields(const json::Object &O, Event &E) {
       for (const json::Value &I : *In)
         if (auto N = I.getAsInteger())
           E.Inputs.push_back(*N);
+    E.GraphNodes = O.getInteger(key::kGraphNodes).value_or(-1);
+    E.GraphBytes = O.getInteger(key::kGraphBytes).value_or(-1);
     break;
   case EventKind::Error:
     E.Message = str(O, key::kMessage);

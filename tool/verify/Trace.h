@@ -32,6 +32,8 @@ struct Event {
   std::int64_t Handles = 0; // live handles on the written storage
   bool Shared = false;      // the written storage was reachable from another live handle
   std::optional<double> SumBefore, SumAfter, Sum;
+  /// op: the autograd graph alive after it (-1 when the trace has no count).
+  std::int64_t GraphNodes = -1, GraphBytes = -1;
   std::string Message;
   // convert: the dtypes (runtime names), elements, and how many changed (-1: not compared)
   std::string FromDType, ToDType;

@@ -514,7 +514,7 @@ void Verifier::judgeHazard(Program &P, Checked &F) {
       return;
     }
   }
-  if (In.At.empty() && !In.Err) {
+  if (In.At.empty() && !In.Err && !F.Rule->QuietLine) {
     F.Hazard = HazardVerdict::NotExercised;
     F.HazardEv.push_back("line " + In.Where + " never ran in the original program" +
                          (P.OrigRun.failed() ? " (it stopped early)" : ""));

@@ -54,6 +54,9 @@ inline constexpr char kInputs[] = "inputs";
 inline constexpr char kInputTensors[] = "input_tensors";
 inline constexpr char kOutputs[] = "outputs";
 inline constexpr char kOutputTensors[] = "output_tensors";
+// op: the autograd graph alive after the op (grad_fn nodes, bytes saved for backward)
+inline constexpr char kGraphNodes[] = "graph_nodes";
+inline constexpr char kGraphBytes[] = "graph_saved_bytes";
 // error
 inline constexpr char kMessage[] = "message";
 // convert (with kTensor, kSum: the destination's values after the copy)

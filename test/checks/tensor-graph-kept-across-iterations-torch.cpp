@@ -1,0 +1,236 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-graph-kept-across-iterations %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-graph-kept-across-iterations %t.plugin -- --quiet -- %torch_include
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
+  torch::Tensor embed(torch::Tensor x) { return fc1(x); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+// ---- flagged ------------------------------------------------------------------
+
+double trainEpoch(Net &net, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs,
+                  const std::vector<torch::Tensor> &ys) {
+  torch::Tensor epoch_loss = torch::zeros({});
+  for (size_t i = 0; i < xs.size(); ++i) {
+    auto loss = torch::mse_loss(net->forward(xs[i]), ys[i]);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    epoch_loss += loss;
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'loss' requires grad and is accumulated into 'epoch_loss', which outlives the loop iteration: every iteration's autograd graph (its nodes and the tensors they saved for backward) stays alive as long as 'epoch_loss' does, and nothing differentiates it; keep 'loss.detach()', or '.item<double>()' to keep a number [tensor-graph-kept-across-iterations]
+    // CHECK-FIXES: epoch_loss += loss.detach();
+  }
+  return epoch_loss.item<double>() / xs.size();
+}
+
+double validate(Net &net, const std::vector<torch::Tensor> &xs, const std::vector<torch::Tensor> &ys) {
+  auto total = torch::zeros({1});
+  for (size_t i = 0; i < xs.size(); ++i)
+    total = total + torch::nn::functional::cross_entropy(net(xs[i]), ys[i]);
+  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: the value requires grad and is accumulated into 'total'
+  // CHECK-FIXES: total = total + torch::nn::functional::cross_entropy(net(xs[i]), ys[i]).detach();
+  return total.item<double>() / xs.size();
+}
+
+double collectLogits(Net &net, const std::vector<torch::Tensor> &xs, const torch::Tensor &labels) {
+  net->eval();
+  std::vector<torch::Tensor> logits;
+  for (const auto &x : xs) {
+    auto out = net->forward(x);
+    logits.push_back(out);
+    // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'out' requires grad and is stored in 'logits'
+    // CHECK-FIXES: logits.push_back(out.detach());
+  }
+  return torch::cat(logits).argmax(1).eq(labels).to(torch::kFloat).mean().item<double>();
+}
+
+std::vector<double> perBatchLosses(Net &net, const std::vector<torch::Tensor> &xs,
+                                   const std::vector<torch::Tensor> &ys) {
+  std::vector<torch::Tensor> losses;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    auto loss = torch::nll_loss(torch::log_softmax(net->forward(xs[i]), 1), ys[i]);
+    losses.emplace_back(loss);
+    // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'loss' requires grad and is stored in 'losses'
+  }
+  std::vector<double> out;
+  for (const auto &l : losses)
+    out.push_back(l.item<double>());
+  return out;
+}
+
+std::map<std::string, torch::Tensor> buildIndex(Net &net, const std::vector<std::string> &ids,
+                                                const std::vector<torch::Tensor> &xs) {
+  net->eval();
+  std::map<std::string, torch::Tensor> index;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    index[ids[i]] = net->embed(xs[i]);
+    // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'net->embed(xs[i])' requires grad and is stored under a new key in 'index'
+    // CHECK-FIXES: index[ids[i]] = net->embed(xs[i]).detach();
+  }
+  return index;
+}
+
+struct Trainer {
+  Net net;
+  torch::optim::SGD opt{net->parameters(), torch::optim::SGDOptions(0.1)};
+  std::vector<torch::Tensor> history_;
+
+  void run(const std::vector<torch::Tensor> &xs, const std::vector<torch::Tensor> &ys) {
+    for (size_t i = 0; i < xs.size(); ++i) {
+      auto loss = torch::mse_loss(net->forward(xs[i]), ys[i]);
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      history_.push_back(loss);
+      // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'loss' requires grad and is stored in 'history_'
+      // CHECK-FIXES: history_.push_back(loss.detach());
+    }
+  }
+  double meanLoss() const { return torch::stack(history_).mean().item<double>(); }
+};
+
+double cpuFeatures(Net &net, const std::vector<torch::Tensor> &xs, const torch::Tensor &centroids) {
+  std::vector<torch::Tensor> feats;
+  for (const auto &x : xs)
+    feats.push_back(net->embed(x).cpu());
+  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: 'net->embed(x).cpu()' requires grad and is stored in 'feats'
+  // CHECK-FIXES: feats.push_back(net->embed(x).cpu().detach());
+  return torch::cdist(torch::cat(feats), centroids).min().item<double>();
+}
+
+double structuredBinding(Net &net, const std::vector<torch::Tensor> &xs) {
+  torch::Tensor total = torch::zeros({});
+  for (const auto &x : xs) {
+    auto [values, indices] = net->forward(x).max(1);
+    total += values.sum();
+    // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: 'values.sum()' requires grad and is accumulated into 'total'
+  }
+  return total.item<double>();
+}
+
+// ---- not flagged --------------------------------------------------------------
+
+double itemLoss(Net &net, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs,
+                const std::vector<torch::Tensor> &ys) {
+  double running = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    auto loss = torch::mse_loss(net->forward(xs[i]), ys[i]);
+    loss.backward();
+    running += loss.item<double>();
+  }
+  return running;
+}
+
+torch::Tensor noGradEval(Net &net, const std::vector<torch::Tensor> &xs) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> outs;
+  for (const auto &x : xs)
+    outs.push_back(net->forward(x));
+  return torch::cat(outs);
+}
+
+torch::Tensor inferenceMode(Net &net, const std::vector<torch::Tensor> &xs) {
+  std::vector<torch::Tensor> outs;
+  {
+    c10::InferenceMode guard;
+    for (const auto &x : xs)
+      outs.push_back(torch::softmax(net->forward(x), 1));
+  }
+  return torch::cat(outs);
+}
+
+void gradientAccumulation(Net &net, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs,
+                          const std::vector<torch::Tensor> &ys) {
+  torch::Tensor total_loss = torch::zeros({});
+  for (size_t i = 0; i < xs.size(); ++i)
+    total_loss += torch::mse_loss(net->forward(xs[i]), ys[i]) / 4.0;
+  opt.zero_grad();
+  total_loss.backward();
+  opt.step();
+}
+
+void reinforce(Net &net, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &obs,
+               const torch::Tensor &returns) {
+  std::vector<torch::Tensor> log_probs;
+  for (const auto &o : obs) {
+    auto logp = torch::log_softmax(net->forward(o), -1);
+    auto action = logp.exp().multinomial(1);
+    log_probs.push_back(logp.gather(-1, action));
+  }
+  auto loss = -(torch::stack(log_probs).squeeze() * returns).sum();
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+}
+
+torch::Tensor unroll(Net &net, torch::Tensor x, int steps) {
+  std::vector<torch::Tensor> outs;
+  for (int t = 0; t < steps; ++t) {
+    x = net->forward(x).narrow(1, 0, 4).repeat({1, 2});
+    outs.push_back(x); // returned: the caller differentiates the sequence
+  }
+  return torch::stack(outs, 1);
+}
+
+torch::Tensor lastOnly(Net &net, const std::vector<torch::Tensor> &xs) {
+  torch::Tensor last;
+  for (const auto &x : xs)
+    last = net->forward(x);
+  return last.detach();
+}
+
+double detachedLog(Net &net, const std::vector<torch::Tensor> &xs) {
+  std::vector<torch::Tensor> outs;
+  torch::Tensor sum = torch::zeros({});
+  for (const auto &x : xs) {
+    auto out = net->forward(x);
+    outs.push_back(out.detach());
+    sum += out.sum().detach();
+  }
+  return sum.item<double>() + outs.size();
+}
+
+double gradients(Net &net, const std::vector<torch::Tensor> &xs) {
+  std::vector<torch::Tensor> norms;
+  for (const auto &x : xs) {
+    net->forward(x).sum().backward();
+    norms.push_back(net->fc1->weight.grad().norm());
+  }
+  return torch::stack(norms).mean().item<double>();
+}
+
+double labelsOnly(const std::vector<torch::Tensor> &ys) {
+  std::vector<torch::Tensor> all;
+  torch::Tensor counts = torch::zeros({4});
+  for (const auto &y : ys) {
+    all.push_back(y);
+    counts += torch::bincount(y, {}, 4);
+  }
+  return counts.sum().item<double>() + all.size();
+}
+
+double sameKey(Net &net, const std::vector<torch::Tensor> &xs) {
+  std::map<std::string, torch::Tensor> latest;
+  for (const auto &x : xs)
+    latest["out"] = net->forward(x);
+  return latest["out"].sum().item<double>();
+}
+
+void handedOn(Net &net, const std::vector<torch::Tensor> &xs, void (*consume)(std::vector<torch::Tensor> &)) {
+  std::vector<torch::Tensor> outs;
+  for (const auto &x : xs)
+    outs.push_back(net->forward(x));
+  consume(outs);
+}
