@@ -8,6 +8,8 @@
 #include "InplaceOnDetachedCheck.h"
 #include "ReshapeNonContiguousCheck.h"
 #include "ViewNonContiguousCheck.h"
+#include "UnnecessaryCloneCheck.h"
+#include "SyncInLoopCheck.h"
 
 namespace clang::tidy::tensor {
 
@@ -19,6 +21,8 @@ public:
     Factories.registerCheck<InplaceOnDetachedCheck>("tensor-inplace-on-detached");
     Factories.registerCheck<ReshapeNonContiguousCheck>("tensor-reshape-non-contiguous");
     Factories.registerCheck<CloneInLoopCheck>("tensor-clone-in-loop");
+    Factories.registerCheck<UnnecessaryCloneCheck>("tensor-unnecessary-clone");
+    Factories.registerCheck<SyncInLoopCheck>("tensor-sync-in-loop");
   }
 };
 

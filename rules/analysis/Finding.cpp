@@ -26,6 +26,8 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::ViewThrows, "view-throws"},
     {HazardKind::ImplicitCopy, "implicit-copy"},
     {HazardKind::LoopInvariantCopy, "loop-invariant-copy"},
+    {HazardKind::UnneededCopy, "unneeded-copy"},
+    {HazardKind::DeviceSyncInLoop, "device-sync-in-loop"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -37,6 +39,8 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::UseSource, "use-source"},
     {FixKind::HoistOutOfLoop, "hoist-out-of-loop"},
     {FixKind::HoistAndCopyInto, "hoist-and-copy-into"},
+    {FixKind::OutOfPlaceOnSource, "out-of-place-on-source"},
+    {FixKind::AccumulateOnDevice, "accumulate-on-device"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -51,6 +55,10 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::Escapes, "escapes"},
     {Fact::LoopInvariant, "loop-invariant"},
     {Fact::WrittenInLoop, "written-in-loop"},
+    {Fact::FirstUseInPlace, "first-use-in-place"},
+    {Fact::CopyOnlyRead, "copy-only-read"},
+    {Fact::DeviceCUDA, "device-cuda"},
+    {Fact::DeviceCUDAIfAvailable, "device-cuda-if-available"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},

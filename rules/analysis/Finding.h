@@ -37,36 +37,44 @@ enum class HazardKind {
   ViewThrows,         // view() on a non-viewable layout throws
   ImplicitCopy,       // reshape/flatten silently copies
   LoopInvariantCopy,  // a copy of a loop-invariant tensor on every iteration
+  UnneededCopy,       // a clone nothing needs, or rewritten in place at once
+  DeviceSyncInLoop,   // a device-to-host sync on every iteration, only to accumulate or log
 };
 
 /// What the offered fix-it does (None: no fix-it).
 enum class FixKind {
   None,
-  OutOfPlace,       // b.add_(1) -> b = b.add(1)
-  CloneAtAlias,     // .clone() where the alias is made
-  DetachClone,      // detach() -> detach().clone()
-  ContiguousFirst,  // x.view(...) / x.reshape(...) -> x.contiguous().view(...)
-  ReshapeForView,   // view -> reshape
-  UseSource,        // x.clone() -> x (never written)
-  HoistOutOfLoop,   // the declaration moves before the loop
-  HoistAndCopyInto, // one buffer before the loop, copy_ into it
+  OutOfPlace,         // b.add_(1) -> b = b.add(1)
+  CloneAtAlias,       // .clone() where the alias is made
+  DetachClone,        // detach() -> detach().clone()
+  ContiguousFirst,    // x.view(...) / x.reshape(...) -> x.contiguous().view(...)
+  ReshapeForView,     // view -> reshape
+  UseSource,          // x.clone() -> x (never written)
+  HoistOutOfLoop,     // the declaration moves before the loop
+  HoistAndCopyInto,   // one buffer before the loop, copy_ into it
+  OutOfPlaceOnSource, // y = x.clone(); y.mul_(2) -> y = x.mul(2)
+  AccumulateOnDevice, // s += t.item() -> s_t = s_t + t.detach(), read once after the loop
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
 /// proven finding from an assumed one.
 enum class Fact {
-  LayoutKnown,       // sizes and strides of the input are known
-  LayoutCertain,     // the layout cannot be viewed, for any sizes
-  LayoutUnproven,    // non-viewable unless merged dimensions have size 1
-  AssumedContiguous, // an input of unknown layout taken as contiguous (or sizes as > 1)
-  HandleCopy,        // a handle copy shares storage
-  MayAliasOp,        // an op that may return its input
-  SharesVersion,     // detach(): shares the version counter
-  NoVersionCounter,  // .data(): not even the version counter
-  ReadLater,         // the changed handle is read after the write
-  Escapes,           // the changed handle escapes (returned, stored, passed)
-  LoopInvariant,     // the copied value does not change in the loop
-  WrittenInLoop,     // the copy is written inside the loop
+  LayoutKnown,           // sizes and strides of the input are known
+  LayoutCertain,         // the layout cannot be viewed, for any sizes
+  LayoutUnproven,        // non-viewable unless merged dimensions have size 1
+  AssumedContiguous,     // an input of unknown layout taken as contiguous (or sizes as > 1)
+  HandleCopy,            // a handle copy shares storage
+  MayAliasOp,            // an op that may return its input
+  SharesVersion,         // detach(): shares the version counter
+  NoVersionCounter,      // .data(): not even the version counter
+  ReadLater,             // the changed handle is read after the write
+  Escapes,               // the changed handle escapes (returned, stored, passed)
+  LoopInvariant,         // the copied value does not change in the loop
+  WrittenInLoop,         // the copy is written inside the loop
+  FirstUseInPlace,       // the copy's first use is an in-place op with an out-of-place form
+  CopyOnlyRead,          // neither the copy nor its source is written while the copy lives
+  DeviceCUDA,            // the tensor is on CUDA, as the code shows
+  DeviceCUDAIfAvailable, // on CUDA whenever the machine has one (is_available() ? kCUDA : kCPU)
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line
