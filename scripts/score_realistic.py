@@ -16,7 +16,8 @@ from realistic_facts import scan
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHECKS = ["tensor-alias-then-mutate", "tensor-reshape-non-contiguous",
-          "tensor-view-non-contiguous", "tensor-inplace-on-detached", "tensor-clone-in-loop"]
+          "tensor-view-non-contiguous", "tensor-inplace-on-detached", "tensor-clone-in-loop",
+          "tensor-unnecessary-clone", "tensor-sync-in-loop"]
 TORCH_FLAGS = "-isystem /usr/include/torch/csrc/api/include"
 
 

@@ -61,4 +61,14 @@ LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
   return Slot.get();
 }
 
+DeviceFacts *AnalysisManager::devicesAt(const Stmt *S) {
+  const FunctionDecl *FD = enclosingFunction(S, Ctx);
+  if (!FD || !FD->hasBody())
+    return nullptr;
+  auto &Slot = Devices[FD];
+  if (!Slot)
+    Slot = std::make_unique<DeviceFacts>(Model, Ctx, FD);
+  return Slot.get();
+}
+
 } // namespace clang::tidy::tensor

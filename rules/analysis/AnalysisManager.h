@@ -4,6 +4,7 @@
 #pragma once
 
 #include "analysis/AliasAnalysis.h"
+#include "analysis/DeviceFacts.h"
 #include "analysis/LayoutAnalysis.h"
 #include "analysis/LoopAnalysis.h"
 
@@ -27,6 +28,8 @@ public:
   const LayoutAnalysis *layoutAt(const Stmt *S);
   /// The loop analysis of the function or lambda enclosing S (null if none).
   LoopAnalysis *loopsAt(const Stmt *S);
+  /// The device facts of the function or lambda enclosing S (null if none).
+  DeviceFacts *devicesAt(const Stmt *S);
 
 private:
   const TensorModel &Model;
@@ -34,6 +37,7 @@ private:
   AliasAnalysis Alias;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
+  llvm::DenseMap<const FunctionDecl *, std::unique_ptr<DeviceFacts>> Devices;
 };
 
 } // namespace clang::tidy::tensor
