@@ -29,10 +29,19 @@ const Stmt *parentOf(const Stmt *S, ASTContext &Ctx) {
   return Ps.empty() ? nullptr : Ps[0].get<Stmt>();
 }
 
+// The statement above S, through a variable it initialises (`float l = ...`).
+const Stmt *enclosingStmt(const Stmt *S, ASTContext &Ctx) {
+  DynTypedNodeList Ps = Ctx.getParents(*S);
+  if (!Ps.empty())
+    if (const auto *V = Ps[0].get<VarDecl>())
+      Ps = Ctx.getParents(*V);
+  return Ps.empty() ? nullptr : Ps[0].get<Stmt>();
+}
+
 // The call runs only on some iterations, or its value steers the loop: an
 // if/switch/?:/&&/|| between it and the loop, or the loop's own condition.
 bool underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
-  for (const Stmt *Cur = S, *P = parentOf(S, Ctx); P; Cur = P, P = parentOf(P, Ctx)) {
+  for (const Stmt *Cur = S, *P = enclosingStmt(S, Ctx); P; Cur = P, P = enclosingStmt(P, Ctx)) {
     if (P == Loop) {
       if (const auto *F = dyn_cast<ForStmt>(Loop))
         return Cur == F->getCond();
