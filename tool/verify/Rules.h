@@ -57,6 +57,8 @@ struct CheckRule {
   bool Writes;
   HazardJudgement (*JudgeHazard)(const HazardInput &In, llvm::json::Object &Figures);
   FixJudgement (*JudgeFix)(const FixInput &In, llvm::json::Object &Figures);
+  /// The hazard exists only on a CUDA device: a run that used none cannot show it.
+  bool CudaOnly = false;
 };
 
 /// The row for a check; for an unknown check, the row of its typed hazard

@@ -494,6 +494,12 @@ void Verifier::judge(Program &P) {
 void Verifier::judgeHazard(Program &P, Checked &F) {
   HazardInput In{P.OrigTrace, F.where(), P.OrigTrace.at(F.File, F.Line),
                  P.OrigTrace.errorAt(F.File, F.Line), F.Typed};
+  if (F.Rule->CudaOnly && !P.OrigTrace.UsedCuda) {
+    F.Hazard = HazardVerdict::NotExercised;
+    F.HazardEv.push_back("(no CUDA device) the program ran on the CPU only, where " + In.Where +
+                         " waits for no device");
+    return;
+  }
   if (In.At.empty() && !In.Err) {
     F.Hazard = HazardVerdict::NotExercised;
     F.HazardEv.push_back("line " + In.Where + " never ran in the original program" +
