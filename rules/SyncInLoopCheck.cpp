@@ -114,18 +114,23 @@ const Stmt *loopBody(const Stmt *Loop) {
   return nullptr;
 }
 
-// The `T` of `item<T>()` when it is float or double.
-std::optional<std::string> floatingItemType(const CXXMemberCallExpr *Item) {
-  const auto *MD = Item->getMethodDecl();
-  const TemplateArgumentList *TA = MD ? MD->getTemplateSpecializationArgs() : nullptr;
-  if (!TA || TA->size() != 1 || TA->get(0).getKind() != TemplateArgument::Type)
-    return std::nullopt;
-  QualType T = TA->get(0).getAsType();
+// "float" / "double" for those types: the dtype the device sum keeps, so that
+// it adds what the host accumulator added (float values into a double sum).
+std::optional<std::string> floatingName(QualType T) {
+  T = T.getCanonicalType().getUnqualifiedType();
   if (T->isSpecificBuiltinType(BuiltinType::Float))
     return std::string("float");
   if (T->isSpecificBuiltinType(BuiltinType::Double))
     return std::string("double");
   return std::nullopt;
+}
+
+// `item<T>()` with T float or double (plain item() gives a Scalar).
+bool floatingItem(const CXXMemberCallExpr *Item) {
+  const auto *MD = Item ? Item->getMethodDecl() : nullptr;
+  const TemplateArgumentList *TA = MD ? MD->getTemplateSpecializationArgs() : nullptr;
+  return TA && TA->size() == 1 && TA->get(0).getKind() == TemplateArgument::Type &&
+         floatingName(TA->get(0).getAsType());
 }
 
 // "torch" for at::Tensor, "tt" for tt::Tensor: the namespace to spell the fix in.
@@ -281,7 +286,8 @@ llvm::SmallVector<FixItHint, 3> accumulateFixes(const SyncSite &S, const Compoun
   llvm::SmallVector<FixItHint, 3> Fixes;
   const auto *Item = dyn_cast<CXXMemberCallExpr>(S.Value);
   const VarDecl *Acc = CA ? accumulator(CA) : nullptr;
-  std::optional<std::string> T = Item ? floatingItemType(Item) : std::nullopt;
+  std::optional<std::string> T =
+      Acc && floatingItem(Item) ? floatingName(Acc->getType()) : std::nullopt;
   const SourceManager &SM = Ctx.getSourceManager();
   const LangOptions &LO = Ctx.getLangOpts();
   DynTypedNodeList LP = Ctx.getParents(*Loop);
@@ -296,14 +302,18 @@ llvm::SmallVector<FixItHint, 3> accumulateFixes(const SyncSite &S, const Compoun
   std::string Name = Acc->getName().str() + "_t";
   StringRef Obj =
       Lexer::getSourceText(CharSourceRange::getTokenRange(S.Tensor->getSourceRange()), SM, LO);
-  if (Obj.empty() || nameTaken(FD, Name, SM, LO) ||
-      SM.isBeforeInTranslationUnit(Loop->getBeginLoc(), Acc->getLocation()))
+  // The sum's tensor is declared next to the accumulator, in the loop's block
+  // (declared further out, an outer loop would add it up twice).
+  DynTypedNodeList AP = Ctx.getParents(*Acc);
+  const auto *AccDecl = AP.empty() ? nullptr : AP[0].get<DeclStmt>();
+  if (Obj.empty() || nameTaken(FD, Name, SM, LO) || !AccDecl ||
+      !llvm::is_contained(Block->body(), AccDecl) || AccDecl->getEndLoc().isMacroID())
     return Fixes;
   std::string Indent = Lexer::getIndentationForLine(Loop->getBeginLoc(), SM).str();
   std::string DType = NS + (*T == "double" ? "::kDouble" : "::kFloat");
-  Fixes.push_back(FixItHint::CreateInsertion(Loop->getBeginLoc(), NS + "::Tensor " + Name + " = " +
-                                                                      NS + "::zeros({}, " + DType +
-                                                                      ");\n" + Indent));
+  Fixes.push_back(FixItHint::CreateInsertion(
+      Lexer::getLocForEndOfToken(AccDecl->getEndLoc(), 0, SM, LO),
+      "\n" + Indent + NS + "::Tensor " + Name + " = " + NS + "::zeros({}, " + DType + ");"));
   Fixes.push_back(FixItHint::CreateReplacement(CA->getSourceRange(), Name + " = " + Name + " + " +
                                                                          Obj.str() + ".detach()"));
   Fixes.push_back(FixItHint::CreateInsertion(
