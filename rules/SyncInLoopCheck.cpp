@@ -340,10 +340,11 @@ void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   const SourceManager &SM = *Result.SourceManager;
   StringRef Obj = Lexer::getSourceText(CharSourceRange::getTokenRange(S->Tensor->getSourceRange()),
                                        SM, getLangOpts());
-  std::string Shown = Obj.size() <= 30 && !Obj.empty() ? "'" + Obj.str() + "'" : "the tensor";
+  bool Named = Obj.size() <= 40 && !Obj.empty();
   std::string Where = S->Device == DeviceKnown::CUDA
-                          ? "CUDA tensor " + Shown
-                          : Shown + " (on CUDA whenever cuda::is_available())";
+                          ? (Named ? "CUDA tensor '" + Obj.str() + "'" : "a CUDA tensor")
+                          : (Named ? "'" + Obj.str() + "'" : "a tensor") +
+                                " (on CUDA whenever cuda::is_available())";
   auto Fixes = K.What == Sink::Accumulate ? accumulateFixes(*S, K.Accum, Loop, Ctx)
                                           : llvm::SmallVector<FixItHint, 3>();
   std::string Msg =
