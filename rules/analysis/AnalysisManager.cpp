@@ -51,24 +51,23 @@ const LayoutAnalysis *AnalysisManager::layoutAt(const Stmt *S) {
   return Slot.get();
 }
 
-LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
+// The per-function analysis of type T in Map, made on first use as T(Model, Ctx, FD).
+template <class T>
+static T *perFunction(llvm::DenseMap<const FunctionDecl *, std::unique_ptr<T>> &Map,
+                      const TensorModel &Model, ASTContext &Ctx, const Stmt *S) {
   const FunctionDecl *FD = enclosingFunction(S, Ctx);
   if (!FD || !FD->hasBody())
     return nullptr;
-  auto &Slot = Loops[FD];
+  auto &Slot = Map[FD];
   if (!Slot)
-    Slot = std::make_unique<LoopAnalysis>(Model, Ctx, FD);
+    Slot = std::make_unique<T>(Model, Ctx, FD);
   return Slot.get();
 }
 
+LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) { return perFunction(Loops, Model, Ctx, S); }
+
 DeviceFacts *AnalysisManager::devicesAt(const Stmt *S) {
-  const FunctionDecl *FD = enclosingFunction(S, Ctx);
-  if (!FD || !FD->hasBody())
-    return nullptr;
-  auto &Slot = Devices[FD];
-  if (!Slot)
-    Slot = std::make_unique<DeviceFacts>(Model, Ctx, FD);
-  return Slot.get();
+  return perFunction(Devices, Model, Ctx, S);
 }
 
 } // namespace clang::tidy::tensor

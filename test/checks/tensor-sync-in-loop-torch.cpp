@@ -58,7 +58,7 @@ double confidence(Net &model, const std::vector<torch::Tensor> &reqs) {
   for (const auto &req : reqs) {
     auto probs = torch::softmax(model.forward(req.to(device)), 1);
     total += std::get<0>(probs.max(1)).mean().item<double>();
-    // CHECK-MESSAGES: :[[@LINE-1]]:48: warning: 'item' of 'std::get<0>(probs.max(1)).mean()' (on CUDA whenever cuda::is_available())
+    // CHECK-MESSAGES: :[[@LINE-1]]:47: warning: 'item' of 'std::get<0>(probs.max(1)).mean()' (on CUDA whenever cuda::is_available())
   }
   return total;
 }

@@ -160,11 +160,11 @@ HazardJudgement cloneHazard(const HazardInput &In, json::Object &Figures) {
   Figures["copied_bytes"] = static_cast<int64_t>(N.CopyBytes);
   HazardJudgement J;
   J.Verdict = N.Copies ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
-  J.Evidence.push_back(N.Copies ? formatv("the clone at {0} copied {1}, {2} time{3}", In.Where,
-                                          formatSize(N.CopyBytes / N.Copies), N.Copies,
-                                          plural(N.Copies))
-                                      .str()
-                                : "no copy at " + In.Where + " in the trace");
+  J.Evidence.push_back(N.Copies
+                           ? formatv("the clone at {0} copied {1}, {2} time{3}", In.Where,
+                                     formatSize(N.CopyBytes / N.Copies), N.Copies, plural(N.Copies))
+                                 .str()
+                           : "no copy at " + In.Where + " in the trace");
   return J;
 }
 
@@ -178,8 +178,9 @@ FixJudgement cloneFix(const FixInput &In, json::Object &Figures) {
   if (N.Copies >= Copies)
     J.Remains = formatv("copies {0} -> {1}: no fewer", Copies, N.Copies).str();
   else
-    J.Gone = formatv("copies {0} -> {1}, allocations {2} -> {3}", Copies, N.Copies, Allocs, N.Allocs)
-                 .str();
+    J.Gone =
+        formatv("copies {0} -> {1}, allocations {2} -> {3}", Copies, N.Copies, Allocs, N.Allocs)
+            .str();
   return J;
 }
 
@@ -196,10 +197,9 @@ HazardJudgement syncHazard(const HazardInput &In, json::Object &Figures) {
   Figures["device_to_host"] = N;
   HazardJudgement J;
   J.Verdict = N > 1 ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
-  J.Evidence.push_back(
-      formatv("{0} device-to-host {1} at {2}, each waiting for the GPU", N,
-              N == 1 ? "copy" : "copies", In.Where)
-          .str());
+  J.Evidence.push_back(formatv("{0} device-to-host {1} at {2}, each waiting for the GPU", N,
+                               N == 1 ? "copy" : "copies", In.Where)
+                           .str());
   return J;
 }
 

@@ -29,9 +29,9 @@ struct Event {
   std::vector<std::int64_t> Inputs; // storages read
   std::uint64_t Bytes = 0;
   std::string Device, SrcDevice; // alloc/free: the storage's; copy: destination's and source's
-  bool Implicit = false;    // a copy the user did not ask for (reshape/flatten)
-  std::int64_t Handles = 0; // live handles on the written storage
-  bool Shared = false;      // the written storage was reachable from another live handle
+  bool Implicit = false;         // a copy the user did not ask for (reshape/flatten)
+  std::int64_t Handles = 0;      // live handles on the written storage
+  bool Shared = false;           // the written storage was reachable from another live handle
   std::optional<double> SumBefore, SumAfter, Sum;
   std::string Message;
 };
