@@ -214,10 +214,10 @@ void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *F
                                                ASTContext &Ctx) {
   std::optional<InPlaceUse> U = inPlaceStatement(First, C.V);
   const LayoutAnalysis *Lay = AnalysisManager::get(Model, Ctx).layoutAt(C.Call);
-  const TensorFact *Fact = Lay ? Lay->factOf(C.Call->getImplicitObjectArgument()) : nullptr;
+  const TensorFact *Kind = Lay ? Lay->factOf(C.Call->getImplicitObjectArgument()) : nullptr;
   // An integer copy stays integer in place; the out-of-place op may promote.
-  if (Fact && !Fact->DTypeAssumed && !Fact->DType.empty() &&
-      !llvm::is_contained({"Float", "Double", "Half", "BFloat16"}, Fact->DType))
+  if (Kind && !Kind->DTypeAssumed && !Kind->DType.empty() &&
+      !llvm::is_contained({"Float", "Double", "Half", "BFloat16"}, Kind->DType))
     return;
   const SourceManager &SM = Ctx.getSourceManager();
   StringRef Src = textOf(C.Call->getImplicitObjectArgument()->getSourceRange(), Ctx);
