@@ -191,7 +191,7 @@ void UnnecessaryCloneCheck::check(const MatchFinder::MatchResult &Result) {
   ASTContext &Ctx = *Result.Context;
   if (!Call || !Model.isTensorExpr(Call) || !Call->getImplicitObjectArgument() ||
       !Model.isTensorExpr(Call->getImplicitObjectArgument()) ||
-      cast<MemberExpr>(Call->getCallee())->isArrow())
+      !isa<MemberExpr>(Call->getCallee()) || cast<MemberExpr>(Call->getCallee())->isArrow())
     return;
   // clone(memory_format) changes the layout: not a plain copy.
   if (llvm::any_of(Call->arguments(), [](const Expr *A) { return !isa<CXXDefaultArgExpr>(A); }))
