@@ -26,26 +26,6 @@ void CloneInLoopCheck::registerMatchers(MatchFinder *Finder) {
 
 namespace {
 
-// The local variable a value initialises, looking through implicit nodes.
-const VarDecl *initialisedVar(const Expr *E, ASTContext &Ctx) {
-  const Stmt *Cur = E;
-  for (int I = 0; I < 8; ++I) {
-    DynTypedNodeList Ps = Ctx.getParents(*Cur);
-    if (Ps.empty())
-      return nullptr;
-    if (const auto *V = Ps[0].get<VarDecl>())
-      return V;
-    const auto *P = Ps[0].get<Stmt>();
-    if (!P || !isa<ImplicitCastExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr,
-                   ExprWithCleanups, CXXConstructExpr, ParenExpr>(P))
-      return nullptr;
-    if (const auto *CE = dyn_cast<CXXConstructExpr>(P); CE && CE->getNumArgs() != 1)
-      return nullptr;
-    Cur = P;
-  }
-  return nullptr;
-}
-
 // Every variable E names is declared before Loop (so the text can move there).
 bool onlyOuterNames(const Stmt *S, const Stmt *Loop, LoopAnalysis &LA) {
   if (!S)
@@ -75,20 +55,6 @@ bool nameUsedElsewhere(const FunctionDecl *FD, const VarDecl *V) {
       return true;
   F.TraverseStmt(FD->getBody());
   return F.Found;
-}
-
-// The range of a declaration, with its whole line when it stands alone on it.
-CharSourceRange wholeLines(const DeclStmt *DS, const SourceManager &SM) {
-  SourceLocation B = DS->getBeginLoc(), E = DS->getEndLoc();
-  std::pair<FileID, unsigned> BI = SM.getDecomposedLoc(B), EI = SM.getDecomposedLoc(E);
-  StringRef Buf = SM.getBufferData(BI.first);
-  unsigned LineStart = Buf.rfind('\n', BI.second) + 1;
-  unsigned LineEnd = Buf.find('\n', EI.second);
-  if (Buf.slice(LineStart, BI.second).trim().empty() && LineEnd != StringRef::npos &&
-      Buf.slice(EI.second + 1, LineEnd).trim().empty())
-    return CharSourceRange::getCharRange(B.getLocWithOffset(-(int)(BI.second - LineStart)),
-                                         E.getLocWithOffset(LineEnd - EI.second + 1));
-  return CharSourceRange::getTokenRange(DS->getSourceRange());
 }
 
 // ", 80 bytes each time" -> " (80 bytes each time)".
@@ -154,7 +120,7 @@ static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call,
     Fixes.push_back(FixItHint::CreateReplacement(
         DS->getSourceRange(), V->getName().str() + ".copy_(" + SrcText.str() + ");"));
   else
-    Fixes.push_back(FixItHint::CreateRemoval(wholeLines(DS, SM)));
+    Fixes.push_back(FixItHint::CreateRemoval(wholeLines(DS->getBeginLoc(), DS->getEndLoc(), SM)));
   return Fixes;
 }
 
@@ -208,38 +174,50 @@ std::string CloneInLoopCheck::message(const CXXMemberCallExpr *Call, StringRef S
   return Msg;
 }
 
+std::optional<CloneInLoopCheck::LoopCopy>
+CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel &Model,
+                               ASTContext &Ctx) {
+  const Expr *Src = Call->getImplicitObjectArgument();
+  if (!Call->getMethodDecl() || !Src || !Model.isTensorExpr(Src) || !Model.isTensorExpr(Call))
+    return std::nullopt;
+  LoopCopy C;
+  C.Loop = LoopAnalysis::innermostLoop(Call, Ctx);
+  AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
+  C.LA = C.Loop ? AM.loopsAt(Call) : nullptr;
+  if (!C.LA || !C.LA->isInvariant(Src, C.Loop) ||
+      !llvm::all_of(Call->arguments(), [&](const Expr *A) { return C.LA->isInvariant(A, C.Loop); }))
+    return std::nullopt;
+  C.Lay = AM.layoutAt(Call);
+  if (!copiesEachTime(Call, C.Lay))
+    return std::nullopt;
+  C.U = C.LA->usesOfTemporary(Call, C.Loop);
+  if (C.U.Escapes)
+    return std::nullopt;
+  return C;
+}
+
 void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *Call = Result.Nodes.getNodeAs<CXXMemberCallExpr>("copy");
   ASTContext &Ctx = *Result.Context;
-  if (!Call || !Call->getMethodDecl())
+  if (!Call)
+    return;
+  std::optional<LoopCopy> C = reportedCopy(Call, Model, Ctx);
+  const auto *ME = dyn_cast<MemberExpr>(Call->getCallee());
+  if (!C || !ME || !Reported.first(ME->getMemberLoc()))
     return;
   const Expr *Src = Call->getImplicitObjectArgument();
-  if (!Src || !Model.isTensorExpr(Src) || !Model.isTensorExpr(Call))
-    return;
-  const Stmt *Loop = LoopAnalysis::innermostLoop(Call, Ctx);
-  AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
-  LoopAnalysis *LA = Loop ? AM.loopsAt(Call) : nullptr;
-  if (!LA || !LA->isInvariant(Src, Loop) ||
-      !llvm::all_of(Call->arguments(), [&](const Expr *A) { return LA->isInvariant(A, Loop); }))
-    return;
-  const LayoutAnalysis *Lay = AM.layoutAt(Call);
-  if (!copiesEachTime(Call, Lay))
-    return;
-  LoopAnalysis::Use U = LA->usesOfTemporary(Call, Loop);
-  const auto *ME = dyn_cast<MemberExpr>(Call->getCallee());
-  if (U.Escapes || !ME || !Reported.first(ME->getMemberLoc()))
-    return;
   StringRef SrcText = Lexer::getSourceText(CharSourceRange::getTokenRange(Src->getSourceRange()),
                                            *Result.SourceManager, getLangOpts());
-  auto Fixes = hoistFixes(Call, Loop, *LA, U, SrcText, Ctx);
-  auto D = diag(ME->getMemberLoc(), message(Call, SrcText, U, Lay));
+  auto Fixes = hoistFixes(Call, C->Loop, *C->LA, C->U, SrcText, Ctx);
+  auto D = diag(ME->getMemberLoc(), message(Call, SrcText, C->U, C->Lay));
   for (const FixItHint &F : Fixes)
     D << F;
   FixKind Fix = Fixes.empty()       ? FixKind::None
                 : Fixes.size() == 1 ? FixKind::UseSource
-                : U.Written         ? FixKind::HoistAndCopyInto
+                : C->U.Written      ? FixKind::HoistAndCopyInto
                                     : FixKind::HoistOutOfLoop;
-  emitFinding(copyInLoopFinding(getID(), Call, Src, Loop, U.Written, Fix, *Result.SourceManager));
+  emitFinding(
+      copyInLoopFinding(getID(), Call, Src, C->Loop, C->U.Written, Fix, *Result.SourceManager));
 }
 
 } // namespace clang::tidy::tensor

@@ -5,6 +5,8 @@
 
 #include "llvm/ADT/DenseSet.h"
 
+#include <optional>
+
 namespace clang::tidy::tensor {
 
 /// clone/contiguous/to/cuda/cpu of a loop-invariant tensor inside a loop
@@ -14,6 +16,16 @@ public:
   CloneInLoopCheck(StringRef Name, ClangTidyContext *Context);
   void registerMatchers(ast_matchers::MatchFinder *Finder) override;
   void check(const ast_matchers::MatchFinder::MatchResult &Result) override;
+  /// A copy of a loop-invariant tensor on every iteration that this check
+  /// reports (tensor-unnecessary-clone leaves those clones to it).
+  struct LoopCopy {
+    const Stmt *Loop = nullptr;
+    LoopAnalysis *LA = nullptr;
+    const LayoutAnalysis *Lay = nullptr;
+    LoopAnalysis::Use U;
+  };
+  static std::optional<LoopCopy> reportedCopy(const CXXMemberCallExpr *Call,
+                                              const TensorModel &Model, ASTContext &Ctx);
   void onEndOfTranslationUnit() override {
     AnalysisManager::release();
     Reported.clear();

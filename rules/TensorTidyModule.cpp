@@ -15,6 +15,8 @@
 #include "InplaceOnLeafCheck.h"
 #include "InplaceOnSavedCheck.h"
 #include "GraphKeptAcrossIterationsCheck.h"
+#include "UnnecessaryCloneCheck.h"
+#include "SyncInLoopCheck.h"
 
 namespace clang::tidy::tensor {
 
@@ -33,6 +35,8 @@ public:
     Factories.registerCheck<InplaceOnLeafCheck>("tensor-inplace-on-leaf");
     Factories.registerCheck<InplaceOnSavedCheck>("tensor-inplace-on-saved");
     Factories.registerCheck<GraphKeptAcrossIterationsCheck>("tensor-graph-kept-across-iterations");
+    Factories.registerCheck<UnnecessaryCloneCheck>("tensor-unnecessary-clone");
+    Factories.registerCheck<SyncInLoopCheck>("tensor-sync-in-loop");
   }
 };
 

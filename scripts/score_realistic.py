@@ -20,7 +20,8 @@ CHECKS = ["tensor-alias-then-mutate", "tensor-reshape-non-contiguous",
           "tensor-inplace-on-expanded", "tensor-inplace-overlap",
           "tensor-copy-narrowing", "tensor-device-mismatch",
           "tensor-inplace-on-leaf", "tensor-inplace-on-saved",
-          "tensor-graph-kept-across-iterations"]
+          "tensor-graph-kept-across-iterations",
+          "tensor-unnecessary-clone", "tensor-sync-in-loop"]
 TORCH_FLAGS = "-isystem /usr/include/torch/csrc/api/include"
 
 

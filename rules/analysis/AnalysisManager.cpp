@@ -74,4 +74,10 @@ const GradFacts *AnalysisManager::gradAt(const Stmt *S) {
   });
 }
 
+DeviceFacts *AnalysisManager::devicesAt(const Stmt *S) {
+  return cachedFor(S, Devices, [this](const FunctionDecl *FD) {
+    return std::make_unique<DeviceFacts>(Model, Ctx, FD);
+  });
+}
+
 } // namespace clang::tidy::tensor

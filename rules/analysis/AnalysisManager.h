@@ -5,6 +5,7 @@
 
 #include "analysis/AliasAnalysis.h"
 #include "analysis/GradFacts.h"
+#include "analysis/DeviceFacts.h"
 #include "analysis/LayoutAnalysis.h"
 #include "analysis/LoopAnalysis.h"
 
@@ -30,6 +31,8 @@ public:
   LoopAnalysis *loopsAt(const Stmt *S);
   /// The autograd facts of the function or lambda enclosing S (null if none).
   const GradFacts *gradAt(const Stmt *S);
+  /// The device facts of the function or lambda enclosing S (null if none).
+  DeviceFacts *devicesAt(const Stmt *S);
 
 private:
   /// The analysis of S's function in Slots, made by Make(FD) on first use.
@@ -43,6 +46,7 @@ private:
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<GradFacts>> Grads;
+  llvm::DenseMap<const FunctionDecl *, std::unique_ptr<DeviceFacts>> Devices;
 };
 
 } // namespace clang::tidy::tensor

@@ -140,4 +140,35 @@ bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx) {
   return false;
 }
 
+CharSourceRange wholeLines(SourceLocation B, SourceLocation E, const SourceManager &SM) {
+  std::pair<FileID, unsigned> BI = SM.getDecomposedLoc(B), EI = SM.getDecomposedLoc(E);
+  StringRef Buf = SM.getBufferData(BI.first);
+  unsigned LineStart = Buf.rfind('\n', BI.second) + 1;
+  unsigned LineEnd = Buf.find('\n', EI.second);
+  if (Buf.slice(LineStart, BI.second).trim().empty() && LineEnd != StringRef::npos &&
+      Buf.slice(EI.second + 1, LineEnd).trim().empty())
+    return CharSourceRange::getCharRange(B.getLocWithOffset(-(int)(BI.second - LineStart)),
+                                         E.getLocWithOffset(LineEnd - EI.second + 1));
+  return CharSourceRange::getTokenRange(SourceRange(B, E));
+}
+
+const VarDecl *initialisedVar(const Expr *E, ASTContext &Ctx) {
+  const Stmt *Cur = E;
+  for (int I = 0; I < 8; ++I) {
+    DynTypedNodeList Ps = Ctx.getParents(*Cur);
+    if (Ps.empty())
+      return nullptr;
+    if (const auto *V = Ps[0].get<VarDecl>())
+      return V;
+    const auto *P = Ps[0].get<Stmt>();
+    if (!P || !isa<ImplicitCastExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr,
+                   ExprWithCleanups, CXXConstructExpr, ParenExpr>(P))
+      return nullptr;
+    if (const auto *CE = dyn_cast<CXXConstructExpr>(P); CE && CE->getNumArgs() != 1)
+      return nullptr;
+    Cur = P;
+  }
+  return nullptr;
+}
+
 } // namespace clang::tidy::tensor

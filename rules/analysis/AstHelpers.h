@@ -6,6 +6,7 @@
 #include "clang/AST/Decl.h"
 #include "clang/AST/Expr.h"
 #include "clang/AST/ExprCXX.h"
+#include "clang/Basic/SourceManager.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 
@@ -50,5 +51,13 @@ const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx);
 /// S is in code instantiated from a template: a fix-it there would edit the
 /// template for every instantiation (the pattern itself is checked too).
 bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx);
+
+/// The variable the value E initialises, looking through implicit nodes
+/// (null when E is not an initialiser).
+const VarDecl *initialisedVar(const Expr *E, ASTContext &Ctx);
+
+/// The text of a statement from Begin to its final `;` at Semi, with its
+/// whole line when it stands alone on it (for a fix-it that removes it).
+CharSourceRange wholeLines(SourceLocation Begin, SourceLocation Semi, const SourceManager &SM);
 
 } // namespace clang::tidy::tensor

@@ -34,6 +34,8 @@ constexpr Named<HazardKind> HazardNames[] = {
     {HazardKind::LeafInplace, "leaf-inplace"},
     {HazardKind::SavedInplace, "saved-inplace"},
     {HazardKind::GraphKept, "graph-kept-across-iterations"},
+    {HazardKind::UnneededCopy, "unneeded-copy"},
+    {HazardKind::DeviceSyncInLoop, "device-sync-in-loop"},
 };
 constexpr Named<FixKind> FixNames[] = {
     {FixKind::None, "none"},
@@ -51,6 +53,8 @@ constexpr Named<FixKind> FixNames[] = {
     {FixKind::ToOtherDevice, "to-other-device"},
     {FixKind::NoGradBlock, "no-grad-block"},
     {FixKind::DetachKept, "detach-kept"},
+    {FixKind::OutOfPlaceOnSource, "out-of-place-on-source"},
+    {FixKind::AccumulateOnDevice, "accumulate-on-device"},
 };
 constexpr Named<Fact> FactNames[] = {
     {Fact::LayoutKnown, "layout-known"},
@@ -76,6 +80,10 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::BackwardInFunction, "backward-in-function"},
     {Fact::RequiresGrad, "requires-grad"},
     {Fact::NotDifferentiated, "not-differentiated-later"},
+    {Fact::FirstUseInPlace, "first-use-in-place"},
+    {Fact::CopyOnlyRead, "copy-only-read"},
+    {Fact::DeviceCUDA, "device-cuda"},
+    {Fact::DeviceCUDAIfAvailable, "device-cuda-if-available"},
 };
 constexpr Named<HandleRole> RoleNames[] = {
     {HandleRole::Written, "written"},

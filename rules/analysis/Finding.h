@@ -45,6 +45,8 @@ enum class HazardKind {
   LeafInplace,        // an in-place write on a leaf that requires grad (autograd refuses)
   SavedInplace,       // an in-place write on a tensor saved for backward (backward refuses)
   GraphKept,          // a value that requires grad kept across loop iterations
+  UnneededCopy,       // a clone nothing needs, or rewritten in place at once
+  DeviceSyncInLoop,   // a device-to-host sync on every iteration, only to accumulate or log
 };
 
 /// What the offered fix-it does (None: no fix-it).
@@ -64,6 +66,8 @@ enum class FixKind {
   ToOtherDevice,    // x -> x.to(other.device())
   NoGradBlock,      // the update wrapped in `{ torch::NoGradGuard no_grad; ... }`
   DetachKept,       // total += loss -> total += loss.detach()
+  OutOfPlaceOnSource, // y = x.clone(); y.mul_(2) -> y = x.mul(2)
+  AccumulateOnDevice, // s += t.item() -> s_t = s_t + t.detach(), read once after the loop
 };
 
 /// A fact the check relied on; --verify and readers of the report can tell a
@@ -92,6 +96,10 @@ enum class Fact {
   BackwardInFunction, // backward() through that op runs later in the same function
   RequiresGrad,       // the kept value requires grad (a module output, a loss)
   NotDifferentiated,  // nothing differentiates the accumulation afterwards
+  FirstUseInPlace,       // the copy's first use is an in-place op with an out-of-place form
+  CopyOnlyRead,          // neither the copy nor its source is written while the copy lives
+  DeviceCUDA,            // the tensor is on CUDA, as the code shows
+  DeviceCUDAIfAvailable, // on CUDA whenever the machine has one (is_available() ? kCUDA : kCPU)
 };
 
 /// A point in a file: absolute path (the driver makes it so), 1-based line

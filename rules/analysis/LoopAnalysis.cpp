@@ -41,7 +41,6 @@ bool aliasing(const sem::OpInfo *Op) {
                 Op->storage == sem::Storage::Detach || Op->storage == sem::Storage::InPlace);
 }
 
-
 bool isInPlaceCall(const CallExpr *C) {
   const FunctionDecl *FD = C->getDirectCallee();
   return FD && FD->getIdentifier() && sem::isInPlaceName(FD->getName());
@@ -139,7 +138,6 @@ void LoopAnalysis::unite(const VarDecl *A, const VarDecl *B) {
   if (RA != RB)
     Parent[RA] = RB;
 }
-
 
 void LoopAnalysis::basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *> &Out) const {
   E = stripHandle(E);
@@ -541,6 +539,10 @@ bool LoopAnalysis::isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const 
       return false;
     return V->getInit() && !V->isStaticLocal() && isInvariant(V->getInit(), Loop, Depth + 1);
   }
+  return keptOutside(V, F);
+}
+
+bool LoopAnalysis::keptOutside(const VarDecl *V, const LoopFacts &F) {
   if (V->hasGlobalStorage() && !V->getType().isConstQualified())
     return false;
   // Storage reachable from outside (a container of tensors, a module, a
@@ -554,12 +556,32 @@ bool LoopAnalysis::isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const 
   return true;
 }
 
+bool LoopAnalysis::fieldWritten(const FieldDecl *Fl, const LoopFacts &F) const {
+  return !Fl || F.WrittenFields.count(Fl) || (Model.isTensorType(Fl->getType()) && F.Opaque);
+}
+
+bool LoopAnalysis::mayChangeIn(const Expr *E, llvm::ArrayRef<const Stmt *> Region) {
+  LoopFacts F;
+  for (const Stmt *S : Region)
+    collect(S, F);
+  auto VarChanged = [&](const Expr *X) {
+    const auto *D = dyn_cast<DeclRefExpr>(stripHandle(X));
+    const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+    return !V || Pinned.count(V) || classWritten(V, F) || !keptOutside(V, F);
+  };
+  E = stripHandle(E);
+  const auto *ME = dyn_cast<MemberExpr>(E);
+  if (!ME)
+    return VarChanged(E);
+  // A field of `this` or of a local object: the object, or the field, changes.
+  const Expr *Base = ME->getBase()->IgnoreParenImpCasts();
+  bool BaseChanged = isa<CXXThisExpr>(Base) ? F.ThisMutated : ME->isArrow() || VarChanged(Base);
+  return BaseChanged || fieldWritten(dyn_cast<FieldDecl>(ME->getMemberDecl()), F);
+}
+
 bool LoopAnalysis::isInvariantMember(const MemberExpr *ME, const Stmt *Loop, const LoopFacts &F,
                                      unsigned Depth) {
-  const auto *Fl = dyn_cast<FieldDecl>(ME->getMemberDecl());
-  if (!Fl || F.WrittenFields.count(Fl))
-    return false;
-  if (Model.isTensorType(Fl->getType()) && F.Opaque)
+  if (fieldWritten(dyn_cast<FieldDecl>(ME->getMemberDecl()), F))
     return false;
   const Expr *Base = ME->getBase()->IgnoreParenImpCasts();
   if (isa<CXXThisExpr>(Base))
@@ -601,7 +623,8 @@ bool LoopAnalysis::isInvariantCall(const CallExpr *C, const Stmt *Loop, unsigned
   }
   // Library value constructors and tensor ops in tt/torch/at (kCUDA,
   // torch::Device("cuda"), torch::matmul(a, b)...), but not random factories.
-  if (Callee && isTensorLibraryCode(Callee) && !isa<CXXMethodDecl>(Callee) && Callee->getIdentifier()) {
+  if (Callee && isTensorLibraryCode(Callee) && !isa<CXXMethodDecl>(Callee) &&
+      Callee->getIdentifier()) {
     llvm::StringRef N = Callee->getName();
     if (N.starts_with("rand") || N == "normal" || N == "bernoulli" || N == "multinomial" ||
         N == "empty" || N == "empty_like")

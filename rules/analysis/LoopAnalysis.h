@@ -10,6 +10,7 @@
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/Decl.h"
 #include "clang/AST/Stmt.h"
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -42,6 +43,12 @@ public:
   /// writes through the chain of ops applied to it.
   Use usesOfTemporary(const Expr *E, const Stmt *Loop);
 
+  /// The data of the tensor E (a variable declared before Region, or a
+  /// member of `this`) may change while Region's statements run: in place,
+  /// through an alias, a non-const reference, or code we cannot see. The
+  /// judgement isInvariant makes of a loop, for a stretch of statements.
+  bool mayChangeIn(const Expr *E, llvm::ArrayRef<const Stmt *> Region);
+
   /// The variables E may share storage with (views, handle copies, may-alias ops).
   void basesOf(const Expr *E, llvm::SmallVectorImpl<const VarDecl *> &Out) const;
 
@@ -60,6 +67,10 @@ private:
   bool isInvariantMember(const MemberExpr *ME, const Stmt *Loop, const LoopFacts &F,
                          unsigned Depth);
   bool isInvariantCall(const CallExpr *C, const Stmt *Loop, unsigned Depth);
+  /// V, declared outside the code F describes, keeps its data there.
+  bool keptOutside(const VarDecl *V, const LoopFacts &F);
+  /// Field Fl may be written where F holds.
+  bool fieldWritten(const FieldDecl *Fl, const LoopFacts &F) const;
   const VarDecl *root(const VarDecl *V);
   void unite(const VarDecl *A, const VarDecl *B);
   void callBasesOf(const CallExpr *C, llvm::SmallVectorImpl<const VarDecl *> &Out) const;

@@ -232,8 +232,10 @@ void copy(CopyKind kind, const TensorImpl &src, const TensorImpl &dst) {
   field(s, key::kSrcTensor, src.id);
   field(s, key::kDstTensor, dst.id);
   field(s, key::kBytes, dst.numel() * static_cast<std::int64_t>(elementSize(dst.dtype)));
-  s += std::string(",\"src_device\":\"") + toString(src.storage->device().type()) + "\",\"dst_device\":\"" +
-       toString(dst.storage->device().type()) + "\"";
+  field(s, key::kSrcDevice);
+  jsonString(s, toString(src.storage->device().type()));
+  field(s, key::kDstDevice);
+  jsonString(s, toString(dst.storage->device().type()));
   describe(s, dst);
   s += "}";
   emit(s);

@@ -180,6 +180,70 @@ FixJudgement loopCopyFix(const FixInput &In, json::Object &Figures) {
   return J;
 }
 
+// ------------------------------------------------- a clone nothing needs --
+
+HazardJudgement cloneHazard(const HazardInput &In, json::Object &Figures) {
+  Counts N = count(In.At);
+  Figures["allocations"] = N.Allocs;
+  Figures["copies"] = N.Copies;
+  Figures["copied_bytes"] = static_cast<int64_t>(N.CopyBytes);
+  HazardJudgement J;
+  J.Verdict = N.Copies ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  J.Evidence.push_back(N.Copies
+                           ? formatv("the clone at {0} copied {1}, {2} time{3}", In.Where,
+                                     formatSize(N.CopyBytes / N.Copies), N.Copies, plural(N.Copies))
+                                 .str()
+                           : "no copy at " + In.Where + " in the trace");
+  return J;
+}
+
+FixJudgement cloneFix(const FixInput &In, json::Object &Figures) {
+  Counts N = count(In.AtFix);
+  int64_t Copies = Figures.getInteger("copies").value_or(0);
+  int64_t Allocs = Figures.getInteger("allocations").value_or(0);
+  Figures["copies_after"] = N.Copies;
+  Figures["allocations_after"] = N.Allocs;
+  FixJudgement J;
+  if (N.Copies >= Copies)
+    J.Remains = formatv("copies {0} -> {1}: no fewer", Copies, N.Copies).str();
+  else
+    J.Gone =
+        formatv("copies {0} -> {1}, allocations {2} -> {3}", Copies, N.Copies, Allocs, N.Allocs)
+            .str();
+  return J;
+}
+
+// ------------------------------------- a device-to-host wait per iteration --
+
+unsigned toHost(ArrayRef<const Event *> Evs) {
+  return count_if(Evs, [](const Event *E) {
+    return E->Kind == EventKind::Copy && E->SrcDevice == "cuda" && E->Device == "cpu";
+  });
+}
+
+HazardJudgement syncHazard(const HazardInput &In, json::Object &Figures) {
+  unsigned N = toHost(In.At);
+  Figures["device_to_host"] = N;
+  HazardJudgement J;
+  J.Verdict = N > 1 ? HazardVerdict::Confirmed : HazardVerdict::Unconfirmed;
+  J.Evidence.push_back(formatv("{0} device-to-host {1} at {2}, each waiting for the GPU", N,
+                               N == 1 ? "copy" : "copies", In.Where)
+                           .str());
+  return J;
+}
+
+FixJudgement syncFix(const FixInput &In, json::Object &Figures) {
+  unsigned N = toHost(In.AtFix);
+  int64_t Before = Figures.getInteger("device_to_host").value_or(0);
+  Figures["device_to_host_after"] = N;
+  FixJudgement J;
+  if (N > 1 && N >= Before)
+    J.Remains = formatv("device-to-host copies {0} -> {1}: no fewer", Before, N).str();
+  else
+    J.Gone = formatv("device-to-host copies {0} -> {1}", Before, N).str();
+  return J;
+}
+
 // ------------------------------------------ a write another handle sees --
 
 /// "`images` (aliased at main.cpp:9)", from the typed finding.
@@ -507,6 +571,8 @@ const CheckRule Rules[] = {
     {"tensor-inplace-on-saved", HazardKind::SavedInplace, true, savedHazard, savedFix},
     {"tensor-graph-kept-across-iterations", HazardKind::GraphKept, false, graphHazard, graphFix,
      /*NeedsCuda=*/false, /*QuietLine=*/true},
+    {"tensor-unnecessary-clone", HazardKind::UnneededCopy, false, cloneHazard, cloneFix},
+    {"tensor-sync-in-loop", HazardKind::DeviceSyncInLoop, false, syncHazard, syncFix, true},
 };
 
 } // namespace

@@ -62,6 +62,7 @@ void readFields(const json::Object &O, Event &E) {
   case EventKind::Alloc:
   case EventKind::Free:
     E.Out = O.getInteger(key::kStorage).value_or(-1);
+    E.Device = str(O, key::kDevice);
     break;
   case EventKind::Write:
     if (E.Op.empty())
@@ -83,6 +84,8 @@ void readFields(const json::Object &O, Event &E) {
     E.Tensor = O.getInteger(key::kDstTensor).value_or(-1);
     if (auto Src = O.getInteger(key::kSrcStorage))
       E.Inputs.push_back(*Src);
+    E.Device = str(O, key::kDstDevice);
+    E.SrcDevice = str(O, key::kSrcDevice);
     break;
   }
   case EventKind::Op:
@@ -153,6 +156,7 @@ Trace Trace::parse(StringRef Text, StringRef Dir) {
     }
     if (E.Sum && E.Tensor >= 0)
       LastSum[E.Tensor] = *E.Sum;
+    T.UsedCuda |= E.Device == "cuda" || E.SrcDevice == "cuda";
     if (E.Kind == EventKind::Alloc) {
       Live += E.Bytes;
       T.PeakBytes = std::max<uint64_t>(T.PeakBytes, Live);

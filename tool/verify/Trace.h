@@ -28,9 +28,10 @@ struct Event {
   std::int64_t Tensor = -1;         // tensor written or produced
   std::vector<std::int64_t> Inputs; // storages read
   std::uint64_t Bytes = 0;
-  bool Implicit = false;    // a copy the user did not ask for (reshape/flatten)
-  std::int64_t Handles = 0; // live handles on the written storage
-  bool Shared = false;      // the written storage was reachable from another live handle
+  std::string Device, SrcDevice; // alloc/free: the storage's; copy: destination's and source's
+  bool Implicit = false;         // a copy the user did not ask for (reshape/flatten)
+  std::int64_t Handles = 0;      // live handles on the written storage
+  bool Shared = false;           // the written storage was reachable from another live handle
   std::optional<double> SumBefore, SumAfter, Sum;
   /// op: the autograd graph alive after it (-1 when the trace has no count).
   std::int64_t GraphNodes = -1, GraphBytes = -1;
@@ -45,6 +46,7 @@ struct Trace {
   std::vector<Event> Events;
   std::uint64_t PeakBytes = 0; // the most bytes allocated at once (alloc minus free)
   std::map<std::pair<std::string, unsigned>, std::vector<std::size_t>> ByLine;
+  bool UsedCuda = false; // some storage lived on a CUDA device
 
   /// Relative file names in the trace are resolved against Dir (the compile directory).
   static Trace load(llvm::StringRef Path, llvm::StringRef Dir);

@@ -507,12 +507,14 @@ static std::string noCudaReason(const RunResult &Run) {
 void Verifier::judgeHazard(Program &P, Checked &F) {
   HazardInput In{P.OrigTrace, F.where(), P.OrigTrace.at(F.File, F.Line),
                  P.OrigTrace.errorAt(F.File, F.Line), F.Typed};
-  if (F.Rule->NeedsCuda && In.At.empty() && !In.Err) {
-    if (std::string Why = noCudaReason(P.OrigRun); !Why.empty()) {
-      F.Hazard = HazardVerdict::NotExercised;
-      F.HazardEv.push_back("(no CUDA device): " + Why);
-      return;
-    }
+  if (F.Rule->NeedsCuda && !P.OrigTrace.UsedCuda) {
+    std::string Why = noCudaReason(P.OrigRun);
+    F.Hazard = HazardVerdict::NotExercised;
+    F.HazardEv.push_back("(no CUDA device): " +
+                         (Why.empty() ? "the program ran on the CPU only, where " + In.Where +
+                                            " waits for no device"
+                                      : Why));
+    return;
   }
   if (In.At.empty() && !In.Err && !F.Rule->QuietLine) {
     F.Hazard = HazardVerdict::NotExercised;

@@ -42,6 +42,8 @@ inline constexpr char kSrcStorage[] = "src_storage";
 inline constexpr char kDstStorage[] = "dst_storage";
 inline constexpr char kSrcTensor[] = "src_tensor";
 inline constexpr char kDstTensor[] = "dst_tensor";
+inline constexpr char kSrcDevice[] = "src_device"; // "cpu" / "cuda"
+inline constexpr char kDstDevice[] = "dst_device";
 // write
 inline constexpr char kWriteOp[] = "write_op";
 inline constexpr char kTensor[] = "tensor";

@@ -1,0 +1,377 @@
+#include "SyncInLoopCheck.h"
+
+#include "analysis/Finding.h"
+
+#include "clang/AST/ExprCXX.h"
+#include "clang/AST/ParentMapContext.h"
+#include "clang/AST/StmtCXX.h"
+#include "clang/ASTMatchers/ASTMatchFinder.h"
+#include "clang/Lex/Lexer.h"
+
+using namespace clang::ast_matchers;
+
+namespace clang::tidy::tensor {
+
+SyncInLoopCheck::SyncInLoopCheck(StringRef Name, ClangTidyContext *Context)
+    : TensorCheck(Name, Context) {}
+
+void SyncInLoopCheck::registerMatchers(MatchFinder *Finder) {
+  Finder->addMatcher(cxxMemberCallExpr(callee(cxxMethodDecl(hasAnyName("item", "cpu", "to"))),
+                                       unless(isExpansionInSystemHeader()))
+                         .bind("sync"),
+                     this);
+}
+
+namespace {
+
+const Stmt *parentOf(const Stmt *S, ASTContext &Ctx) {
+  DynTypedNodeList Ps = Ctx.getParents(*S);
+  return Ps.empty() ? nullptr : Ps[0].get<Stmt>();
+}
+
+// The statement above S, through a variable it initialises (`float l = ...`).
+const Stmt *enclosingStmt(const Stmt *S, ASTContext &Ctx) {
+  DynTypedNodeList Ps = Ctx.getParents(*S);
+  if (!Ps.empty())
+    if (const auto *V = Ps[0].get<VarDecl>())
+      Ps = Ctx.getParents(*V);
+  return Ps.empty() ? nullptr : Ps[0].get<Stmt>();
+}
+
+// The call runs only on some iterations, or its value steers the loop: an
+// if/switch/?:/&&/|| between it and the loop, or the loop's own condition.
+bool underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
+  for (const Stmt *Cur = S, *P = enclosingStmt(S, Ctx); P; Cur = P, P = enclosingStmt(P, Ctx)) {
+    if (P == Loop) {
+      if (const auto *F = dyn_cast<ForStmt>(Loop))
+        return Cur == F->getCond();
+      if (const auto *W = dyn_cast<WhileStmt>(Loop))
+        return Cur == W->getCond();
+      if (const auto *D = dyn_cast<DoStmt>(Loop))
+        return Cur == D->getCond();
+      return false;
+    }
+    if (isa<IfStmt, SwitchStmt, SwitchCase, AbstractConditionalOperator, LambdaExpr>(P))
+      return true;
+    if (const auto *BO = dyn_cast<BinaryOperator>(P); BO && BO->isLogicalOp())
+      return true;
+  }
+  return true;
+}
+
+bool isOstream(QualType T) {
+  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  if (!RD || !RD->hasDefinition())
+    return false;
+  if (RD->getName() == "basic_ostream")
+    return true;
+  return llvm::any_of(RD->bases(),
+                      [](const CXXBaseSpecifier &B) { return isOstream(B.getType()); });
+}
+
+bool isPrintf(const CallExpr *C) {
+  const FunctionDecl *F = C->getDirectCallee();
+  return F && F->getIdentifier() &&
+         llvm::is_contained({"printf", "fprintf", "puts", "fputs"}, F->getName());
+}
+
+// The local variable a `+=` adds to.
+const VarDecl *accumulator(const CompoundAssignOperator *CA) {
+  const auto *D = dyn_cast<DeclRefExpr>(CA->getLHS()->IgnoreParenImpCasts());
+  const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+  return V && V->isLocalVarDecl() && !V->isStaticLocal() && V->getType()->isFloatingType()
+             ? V
+             : nullptr;
+}
+
+unsigned countRefs(const Stmt *S, const VarDecl *V) {
+  if (!S)
+    return 0;
+  unsigned N = 0;
+  if (const auto *D = dyn_cast<DeclRefExpr>(S); D && D->getDecl() == V)
+    ++N;
+  for (const Stmt *C : S->children())
+    N += countRefs(C, V);
+  return N;
+}
+
+bool leavesFunction(const Stmt *S) {
+  if (!S)
+    return false;
+  if (isa<ReturnStmt, CXXThrowExpr, GotoStmt, CoreturnStmt>(S))
+    return true;
+  return llvm::any_of(S->children(), [](const Stmt *C) { return leavesFunction(C); });
+}
+
+// The body of a for/while loop (a do-while ends in its condition: not here).
+const Stmt *loopBody(const Stmt *Loop) {
+  if (const auto *F = dyn_cast<ForStmt>(Loop))
+    return F->getBody();
+  if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop))
+    return RF->getBody();
+  if (const auto *W = dyn_cast<WhileStmt>(Loop))
+    return W->getBody();
+  return nullptr;
+}
+
+// "float" / "double" for those types: the dtype the device sum keeps, so that
+// it adds what the host accumulator added (float values into a double sum).
+std::optional<std::string> floatingName(QualType T) {
+  T = T.getCanonicalType().getUnqualifiedType();
+  if (T->isSpecificBuiltinType(BuiltinType::Float))
+    return std::string("float");
+  if (T->isSpecificBuiltinType(BuiltinType::Double))
+    return std::string("double");
+  return std::nullopt;
+}
+
+// `item<T>()` with T float or double (plain item() gives a Scalar).
+bool floatingItem(const CXXMemberCallExpr *Item) {
+  const auto *MD = Item ? Item->getMethodDecl() : nullptr;
+  const TemplateArgumentList *TA = MD ? MD->getTemplateSpecializationArgs() : nullptr;
+  return TA && TA->size() == 1 && TA->get(0).getKind() == TemplateArgument::Type &&
+         floatingName(TA->get(0).getAsType());
+}
+
+// "torch" for at::Tensor, "tt" for tt::Tensor: the namespace to spell the fix in.
+std::string tensorNamespace(QualType T) {
+  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  const auto *NS = RD ? dyn_cast<NamespaceDecl>(RD->getEnclosingNamespaceContext()) : nullptr;
+  if (!NS)
+    return "";
+  return NS->getName() == "at" ? "torch" : NS->getName().str();
+}
+
+// Whether the identifier Name appears in the text of FD.
+bool nameTaken(const FunctionDecl *FD, StringRef Name, const SourceManager &SM,
+               const LangOptions &LO) {
+  StringRef Text =
+      Lexer::getSourceText(CharSourceRange::getTokenRange(FD->getSourceRange()), SM, LO);
+  for (size_t P = Text.find(Name); P != StringRef::npos; P = Text.find(Name, P + 1)) {
+    auto Ident = [](char C) { return isalnum(static_cast<unsigned char>(C)) || C == '_'; };
+    bool Before = P > 0 && Ident(Text[P - 1]);
+    bool After = P + Name.size() < Text.size() && Ident(Text[P + Name.size()]);
+    if (!Before && !After)
+      return true;
+  }
+  return Text.empty();
+}
+
+} // namespace
+
+// A local arithmetic variable made from the host value: every use in the loop is a sink.
+SyncInLoopCheck::Sink SyncInLoopCheck::sinkOfVar(const VarDecl *V, const Stmt *Loop,
+                                                 ASTContext &Ctx, unsigned Depth) {
+  Sink R;
+  if (!V->isLocalVarDecl() || V->isStaticLocal() || !V->getType()->isArithmeticType() ||
+      V->getType()->isReferenceType())
+    return R;
+  llvm::SmallVector<const Stmt *, 32> Work{Loop};
+  unsigned Uses = 0;
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    if (const auto *D = dyn_cast<DeclRefExpr>(S); D && D->getDecl() == V) {
+      Sink U = sinkOf(D, Loop, Ctx, Depth + 1);
+      if (U.What == Sink::Other)
+        return Sink();
+      ++Uses;
+      if (R.What != Sink::Accumulate)
+        R.What = U.What;
+    }
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+  return Uses ? R : Sink();
+}
+
+SyncInLoopCheck::Sink SyncInLoopCheck::sinkOf(const Expr *Value, const Stmt *Loop, ASTContext &Ctx,
+                                              unsigned Depth) {
+  Sink R;
+  const Stmt *Cur = Value;
+  bool Combined = false; // the value went through arithmetic first
+  for (unsigned Guard = 0; Guard < 16 && Depth < 4; ++Guard) {
+    DynTypedNodeList Ps = Ctx.getParents(*Cur);
+    if (Ps.empty())
+      return R;
+    if (const auto *V = Ps[0].get<VarDecl>())
+      return sinkOfVar(V, Loop, Ctx, Depth);
+    const Stmt *P = Ps[0].get<Stmt>();
+    if (!P)
+      return R;
+    if (isa<ImplicitCastExpr, ParenExpr, ExplicitCastExpr, MaterializeTemporaryExpr,
+            ExprWithCleanups, CXXBindTemporaryExpr>(P)) {
+      Cur = P;
+      continue;
+    }
+    if (const auto *CA = dyn_cast<CompoundAssignOperator>(P)) {
+      if (CA->getRHS()->IgnoreParenImpCasts() != Cur && CA->getRHS() != Cur)
+        return R;
+      if (CA->getOpcode() != BO_AddAssign && CA->getOpcode() != BO_SubAssign)
+        return R;
+      R.What = Sink::Accumulate;
+      if (!Combined && CA->getOpcode() == BO_AddAssign && accumulator(CA))
+        R.Accum = CA;
+      return R;
+    }
+    if (const auto *BO = dyn_cast<BinaryOperator>(P)) {
+      if (!BO->isMultiplicativeOp() && !BO->isAdditiveOp())
+        return R;
+      Combined = true;
+      Cur = P;
+      continue;
+    }
+    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(P)) {
+      if (OC->getOperator() == OO_LessLess && OC->getNumArgs() == 2 && OC->getArg(0) != Cur &&
+          isOstream(OC->getArg(0)->getType()))
+        R.What = Sink::Log;
+      return R;
+    }
+    if (const auto *C = dyn_cast<CallExpr>(P); C && isPrintf(C))
+      R.What = Sink::Log;
+    return R;
+  }
+  return R;
+}
+
+namespace {
+
+struct SyncSite {
+  const CXXMemberCallExpr *Sync = nullptr; // item / cpu / to(kCPU): where the wait is
+  const Expr *Value = nullptr;             // what the host value is: item's result
+  const Expr *Tensor = nullptr;            // the device tensor
+  DeviceKnown Device = DeviceKnown::Unknown;
+};
+
+std::optional<SyncSite> syncSite(const CXXMemberCallExpr *Call, const TensorModel &Model,
+                                 DeviceFacts &DF, ASTContext &Ctx) {
+  SyncSite S;
+  S.Sync = Call;
+  S.Value = Call;
+  S.Tensor = Call->getImplicitObjectArgument();
+  if (!S.Tensor || !Model.isTensorExpr(S.Tensor) || cast<MemberExpr>(Call->getCallee())->isArrow())
+    return std::nullopt;
+  StringRef N = Call->getMethodDecl()->getName();
+  if (N == "item") {
+    // `t.cpu().item()`: the wait is at cpu(), reported there.
+    if (const auto *O = dyn_cast<CXXMemberCallExpr>(stripHandle(S.Tensor)))
+      if (O->getMethodDecl() && O->getMethodDecl()->getIdentifier() &&
+          llvm::is_contained({"cpu", "to"}, O->getMethodDecl()->getName()))
+        return std::nullopt;
+  } else {
+    if (N == "to" &&
+        (!Call->getNumArgs() || DF.deviceNamed(Call->getArg(0)) != DeviceKnown::NotCUDA))
+      return std::nullopt;
+    if (!Model.isTensorExpr(Call))
+      return std::nullopt;
+    // `t.cpu().item<float>()`: the host value is item's.
+    const Stmt *P = parentOf(Call, Ctx);
+    while (isa_and_nonnull<ImplicitCastExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr>(P))
+      P = parentOf(P, Ctx);
+    if (const auto *ME = dyn_cast_or_null<MemberExpr>(P))
+      if (const auto *Item = dyn_cast_or_null<CXXMemberCallExpr>(parentOf(ME, Ctx));
+          Item && Item->getMethodDecl() && Item->getMethodDecl()->getName() == "item")
+        S.Value = Item;
+  }
+  S.Device = DF.deviceOf(S.Tensor);
+  if (S.Device != DeviceKnown::CUDA && S.Device != DeviceKnown::CUDAIfAvailable)
+    return std::nullopt;
+  return S;
+}
+
+// The fix-it: a device tensor sums the values, read once after the loop.
+llvm::SmallVector<FixItHint, 3> accumulateFixes(const SyncSite &S, const CompoundAssignOperator *CA,
+                                                const Stmt *Loop, ASTContext &Ctx) {
+  llvm::SmallVector<FixItHint, 3> Fixes;
+  const auto *Item = dyn_cast<CXXMemberCallExpr>(S.Value);
+  const VarDecl *Acc = CA ? accumulator(CA) : nullptr;
+  std::optional<std::string> T =
+      Acc && floatingItem(Item) ? floatingName(Acc->getType()) : std::nullopt;
+  const SourceManager &SM = Ctx.getSourceManager();
+  const LangOptions &LO = Ctx.getLangOpts();
+  DynTypedNodeList LP = Ctx.getParents(*Loop);
+  const auto *Block = LP.empty() ? nullptr : LP[0].get<CompoundStmt>();
+  const FunctionDecl *FD = enclosingFunction(Loop, Ctx);
+  std::string NS = tensorNamespace(S.Tensor->getType());
+  if (!Acc || !T || !Block || !FD || NS.empty() || S.Sync != S.Value ||
+      !llvm::is_contained(Block->body(), Loop) || countRefs(Loop, Acc) != 1 ||
+      leavesFunction(Loop) || CA->getBeginLoc().isMacroID() || Loop->getBeginLoc().isMacroID() ||
+      inTemplateInstantiation(CA, Ctx) || !isa_and_nonnull<CompoundStmt>(loopBody(Loop)))
+    return Fixes;
+  std::string Name = Acc->getName().str() + "_t";
+  StringRef Obj =
+      Lexer::getSourceText(CharSourceRange::getTokenRange(S.Tensor->getSourceRange()), SM, LO);
+  // The sum's tensor is declared next to the accumulator, in the loop's block
+  // (declared further out, an outer loop would add it up twice).
+  DynTypedNodeList AP = Ctx.getParents(*Acc);
+  const auto *AccDecl = AP.empty() ? nullptr : AP[0].get<DeclStmt>();
+  if (Obj.empty() || nameTaken(FD, Name, SM, LO) || !AccDecl ||
+      !llvm::is_contained(Block->body(), AccDecl) || AccDecl->getEndLoc().isMacroID())
+    return Fixes;
+  std::string Indent = Lexer::getIndentationForLine(Loop->getBeginLoc(), SM).str();
+  std::string DType = NS + (*T == "double" ? "::kDouble" : "::kFloat");
+  Fixes.push_back(FixItHint::CreateInsertion(
+      Lexer::getLocForEndOfToken(AccDecl->getEndLoc(), 0, SM, LO),
+      "\n" + Indent + NS + "::Tensor " + Name + " = " + NS + "::zeros({}, " + DType + ");"));
+  Fixes.push_back(FixItHint::CreateReplacement(CA->getSourceRange(), Name + " = " + Name + " + " +
+                                                                         Obj.str() + ".detach()"));
+  Fixes.push_back(FixItHint::CreateInsertion(
+      Lexer::getLocForEndOfToken(Loop->getEndLoc(), 0, SM, LO),
+      "\n" + Indent + Acc->getName().str() + " += " + Name + ".item<" + *T + ">();"));
+  return Fixes;
+}
+
+} // namespace
+
+void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
+  const auto *Call = Result.Nodes.getNodeAs<CXXMemberCallExpr>("sync");
+  ASTContext &Ctx = *Result.Context;
+  const Stmt *Loop = Call ? LoopAnalysis::innermostLoop(Call, Ctx) : nullptr;
+  DeviceFacts *DF = Loop ? AnalysisManager::get(Model, Ctx).devicesAt(Call) : nullptr;
+  if (!DF || !Call->getMethodDecl() || underCondition(Call, Loop, Ctx))
+    return;
+  std::optional<SyncSite> S = syncSite(Call, Model, *DF, Ctx);
+  if (!S)
+    return;
+  Sink K = sinkOf(S->Value, Loop, Ctx);
+  if (K.What == Sink::Other || !Reported.first(reportLoc(Call)))
+    return;
+  const SourceManager &SM = *Result.SourceManager;
+  StringRef Obj = Lexer::getSourceText(CharSourceRange::getTokenRange(S->Tensor->getSourceRange()),
+                                       SM, getLangOpts());
+  bool Named = Obj.size() <= 40 && !Obj.empty();
+  std::string Where = S->Device == DeviceKnown::CUDA
+                          ? (Named ? "CUDA tensor '" + Obj.str() + "'" : "a CUDA tensor")
+                          : (Named ? "'" + Obj.str() + "'" : "a tensor") +
+                                " (on CUDA whenever cuda::is_available())";
+  auto Fixes = K.What == Sink::Accumulate ? accumulateFixes(*S, K.Accum, Loop, Ctx)
+                                          : llvm::SmallVector<FixItHint, 3>();
+  std::string Msg =
+      "'" + Call->getMethodDecl()->getName().str() + "' of " + Where +
+      " copies it to the host and waits for the GPU on every iteration, only to " +
+      (K.What == Sink::Accumulate ? "add the value up" : "log it") + "; " +
+      (K.What == Sink::Accumulate
+           ? "accumulate on the device ('sum_t = sum_t + " + (Obj.size() <= 30 ? Obj.str() : "t") +
+                 ".detach()') and read the sum once after the loop"
+           : "log every N steps, or accumulate on the device and read once after "
+             "the loop");
+  auto D = diag(reportLoc(Call), Msg);
+  for (const FixItHint &F : Fixes)
+    D << F;
+  Finding F;
+  F.Check = getID().str();
+  F.Hazard = HazardKind::DeviceSyncInLoop;
+  F.Where = SourcePoint::at(reportLoc(Call), SM);
+  F.Op = F.Where;
+  F.OpName = Call->getMethodDecl()->getName().str();
+  F.Origin = SourcePoint::at(Loop->getBeginLoc(), SM);
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(S->Tensor)))
+    F.Handles.push_back(handleOf(HandleRole::Source, DRE->getDecl(), SM));
+  F.Fix = Fixes.empty() ? FixKind::None : FixKind::AccumulateOnDevice;
+  F.Facts.push_back(S->Device == DeviceKnown::CUDA ? Fact::DeviceCUDA
+                                                   : Fact::DeviceCUDAIfAvailable);
+  emitFinding(std::move(F));
+}
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,274 @@
+#include "UnnecessaryCloneCheck.h"
+
+#include "CloneInLoopCheck.h"
+#include "analysis/Finding.h"
+
+#include "clang/AST/ExprCXX.h"
+#include "clang/AST/ParentMapContext.h"
+#include "clang/ASTMatchers/ASTMatchFinder.h"
+#include "clang/Lex/Lexer.h"
+#include "llvm/ADT/StringSwitch.h"
+
+using namespace clang::ast_matchers;
+
+namespace clang::tidy::tensor {
+
+UnnecessaryCloneCheck::UnnecessaryCloneCheck(StringRef Name, ClangTidyContext *Context)
+    : TensorCheck(Name, Context) {}
+
+void UnnecessaryCloneCheck::registerMatchers(MatchFinder *Finder) {
+  Finder->addMatcher(cxxMemberCallExpr(callee(cxxMethodDecl(hasName("clone"))),
+                                       unless(isExpansionInSystemHeader()))
+                         .bind("clone"),
+                     this);
+}
+
+namespace {
+
+StringRef textOf(SourceRange R, ASTContext &Ctx) {
+  return Lexer::getSourceText(CharSourceRange::getTokenRange(R), Ctx.getSourceManager(),
+                              Ctx.getLangOpts());
+}
+
+// Uses that reach the storage or the autograd identity of a handle without an
+// in-place op the analyses see: raw pointers and accessors (written through),
+// the gradient flag and the .grad of this very tensor.
+bool isIdentityUse(StringRef Name) {
+  return llvm::StringSwitch<bool>(Name)
+      .Cases("data_ptr", "mutable_data_ptr", "accessor", "packed_accessor32", true)
+      .Cases("packed_accessor64", "generic_packed_accessor", "unsafeGetTensorImpl", true)
+      .Cases("storage", "set_", "set_data", "requires_grad_", "set_requires_grad", true)
+      .Cases("retain_grad", "grad", "mutable_grad", "is_leaf", "_version", true)
+      .Default(false);
+}
+
+// Some statement of Region calls an identity method on a handle named in Vars.
+bool identityUsed(llvm::ArrayRef<const Stmt *> Region, llvm::ArrayRef<const ValueDecl *> Vars) {
+  llvm::SmallVector<const Stmt *, 32> Work(Region.begin(), Region.end());
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S))
+      if (const auto *MD = MC->getMethodDecl();
+          MD && MD->getIdentifier() && isIdentityUse(MD->getName()))
+        if (const auto *D =
+                dyn_cast_or_null<DeclRefExpr>(stripHandle(MC->getImplicitObjectArgument()));
+            D && llvm::is_contained(Vars, D->getDecl()))
+          return true;
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+  return false;
+}
+
+// The block statement V = Src.clone() declares V in, and what follows it.
+std::optional<UnnecessaryCloneCheck::CloneDecl> cloneDecl(const CXXMemberCallExpr *Call,
+                                                          ASTContext &Ctx) {
+  UnnecessaryCloneCheck::CloneDecl C;
+  C.Call = Call;
+  C.V = initialisedVar(Call, Ctx);
+  if (!C.V || !C.V->isLocalVarDecl() || C.V->isStaticLocal() || C.V->getType()->isReferenceType())
+    return std::nullopt;
+  DynTypedNodeList Ps = Ctx.getParents(*C.V);
+  C.DS = Ps.empty() ? nullptr : Ps[0].get<DeclStmt>();
+  DynTypedNodeList Bs = C.DS ? Ctx.getParents(*C.DS) : DynTypedNodeList(DynTypedNode());
+  const auto *Block = C.DS ? Bs[0].get<CompoundStmt>() : nullptr;
+  if (!Block || !C.DS->isSingleDecl())
+    return std::nullopt;
+  bool After = false;
+  for (const Stmt *S : Block->body()) {
+    if (After)
+      C.Rest.push_back(S);
+    After |= S == C.DS;
+  }
+  return C;
+}
+
+// `V.op_(args)` / `V op= rhs` as a whole statement: the in-place call, the
+// out-of-place op of the table that computes the same, and its arguments.
+struct InPlaceUse {
+  const Expr *Call = nullptr;
+  std::string OutOfPlace;
+  SourceRange Args;
+  llvm::SmallVector<const Expr *, 2> ArgExprs;
+};
+
+std::string outOfPlaceOf(StringRef InPlace) {
+  std::string Out = llvm::StringSwitch<std::string>(InPlace)
+                        .Case("+=", "add")
+                        .Case("-=", "sub")
+                        .Case("*=", "mul")
+                        .Case("/=", "div")
+                        .Default(InPlace.ends_with("_") ? InPlace.drop_back().str() : "");
+  const sem::OpInfo *In = sem::lookup(InPlace.ends_with("_") ? InPlace : StringRef(Out + "_"));
+  const sem::OpInfo *Op = Out.empty() ? nullptr : sem::lookup(Out);
+  // copy_, fill_, zero_ have no out-of-place twin in the table.
+  bool Twin =
+      Op && Op->storage == sem::Storage::Fresh && (!In || In->storage == sem::Storage::InPlace);
+  return Twin ? Out : "";
+}
+
+std::optional<InPlaceUse> inPlaceStatement(const Stmt *S, const VarDecl *V) {
+  const auto *E = dyn_cast_or_null<Expr>(S);
+  if (!E)
+    return std::nullopt;
+  E = E->IgnoreImplicit();
+  auto Names = [&](const Expr *X) {
+    const auto *D = dyn_cast_or_null<DeclRefExpr>(stripHandle(X));
+    return D && D->getDecl() == V;
+  };
+  InPlaceUse U;
+  U.Call = E;
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(E)) {
+    const CXXMethodDecl *MD = MC->getMethodDecl();
+    if (!MD || !MD->getIdentifier() || !Names(MC->getImplicitObjectArgument()) ||
+        !isa<MemberExpr>(MC->getCallee()) || cast<MemberExpr>(MC->getCallee())->isArrow())
+      return std::nullopt;
+    U.OutOfPlace = outOfPlaceOf(MD->getName());
+    unsigned N = 0;
+    for (const Expr *A : MC->arguments())
+      if (!isa<CXXDefaultArgExpr>(A)) {
+        ++N;
+        U.ArgExprs.push_back(A);
+      }
+    if (N)
+      U.Args = SourceRange(MC->getArg(0)->getBeginLoc(), MC->getArg(N - 1)->getEndLoc());
+  } else if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E);
+             OC && OC->getNumArgs() == 2 && Names(OC->getArg(0))) {
+    U.OutOfPlace = outOfPlaceOf(getOperatorSpelling(OC->getOperator()));
+    U.Args = OC->getArg(1)->getSourceRange();
+    U.ArgExprs.push_back(OC->getArg(1));
+  }
+  if (U.OutOfPlace.empty())
+    return std::nullopt;
+  return U;
+}
+
+// The in-place op's arguments name V itself: they would change meaning.
+bool mentions(const Stmt *S, const VarDecl *V) {
+  if (!S)
+    return false;
+  if (const auto *D = dyn_cast<DeclRefExpr>(S); D && D->getDecl() == V)
+    return true;
+  return llvm::any_of(S->children(), [&](const Stmt *C) { return mentions(C, V); });
+}
+
+// The handle a source names: a variable, or a field of a variable or of `this`.
+const ValueDecl *namedSource(const Expr *Src) {
+  Src = stripHandle(Src);
+  if (const auto *D = dyn_cast<DeclRefExpr>(Src))
+    return dyn_cast<VarDecl>(D->getDecl());
+  if (const auto *ME = dyn_cast<MemberExpr>(Src); ME && !ME->isArrow())
+    return dyn_cast<FieldDecl>(ME->getMemberDecl());
+  if (const auto *ME = dyn_cast<MemberExpr>(Src);
+      ME && isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
+    return dyn_cast<FieldDecl>(ME->getMemberDecl());
+  return nullptr;
+}
+
+Finding cloneFinding(StringRef Check, const UnnecessaryCloneCheck::CloneDecl &C, FixKind Fix,
+                     Fact Why, const SourceManager &SM) {
+  Finding F;
+  F.Check = Check.str();
+  F.Hazard = HazardKind::UnneededCopy;
+  F.Where = SourcePoint::at(reportLoc(C.Call), SM);
+  F.Op = F.Where;
+  F.OpName = "clone";
+  F.Origin = SourcePoint::at(C.DS->getBeginLoc(), SM);
+  if (const auto *D = dyn_cast<DeclRefExpr>(stripHandle(C.Call->getImplicitObjectArgument())))
+    F.Handles.push_back(handleOf(HandleRole::Source, D->getDecl(), SM));
+  F.Handles.push_back(handleOf(HandleRole::Written, C.V, SM));
+  F.Fix = Fix;
+  F.Facts.push_back(Why);
+  return F;
+}
+
+} // namespace
+
+void UnnecessaryCloneCheck::check(const MatchFinder::MatchResult &Result) {
+  const auto *Call = Result.Nodes.getNodeAs<CXXMemberCallExpr>("clone");
+  ASTContext &Ctx = *Result.Context;
+  if (!Call || !Model.isTensorExpr(Call) || !Call->getImplicitObjectArgument() ||
+      !Model.isTensorExpr(Call->getImplicitObjectArgument()) ||
+      !isa<MemberExpr>(Call->getCallee()) || cast<MemberExpr>(Call->getCallee())->isArrow())
+    return;
+  // clone(memory_format) changes the layout: not a plain copy.
+  if (llvm::any_of(Call->arguments(), [](const Expr *A) { return !isa<CXXDefaultArgExpr>(A); }))
+    return;
+  std::optional<CloneDecl> C = cloneDecl(Call, Ctx);
+  // A loop-invariant clone in a loop belongs to tensor-clone-in-loop.
+  if (!C || CloneInLoopCheck::reportedCopy(Call, Model, Ctx) || !Reported.first(reportLoc(Call)))
+    return;
+  if (!C->Rest.empty())
+    if (std::optional<InPlaceUse> U = inPlaceStatement(C->Rest.front(), C->V);
+        U && llvm::none_of(U->ArgExprs, [&](const Expr *A) { return mentions(A, C->V); }) &&
+        !Call->getBeginLoc().isMacroID()) {
+      reportInPlaceFirst(*C, C->Rest.front(), Ctx);
+      return;
+    }
+  reportUnneeded(*C, Ctx);
+}
+
+void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *First,
+                                               ASTContext &Ctx) {
+  std::optional<InPlaceUse> U = inPlaceStatement(First, C.V);
+  const LayoutAnalysis *Lay = AnalysisManager::get(Model, Ctx).layoutAt(C.Call);
+  const TensorFact *Kind = Lay ? Lay->factOf(C.Call->getImplicitObjectArgument()) : nullptr;
+  // An integer copy stays integer in place; the out-of-place op may promote.
+  if (Kind && !Kind->DTypeAssumed && !Kind->DType.empty() &&
+      !llvm::is_contained({"Float", "Double", "Half", "BFloat16"}, Kind->DType))
+    return;
+  const SourceManager &SM = Ctx.getSourceManager();
+  StringRef Src = textOf(C.Call->getImplicitObjectArgument()->getSourceRange(), Ctx);
+  StringRef Args = U->Args.isValid() ? textOf(U->Args, Ctx) : "";
+  std::string Repl = Src.str() + "." + U->OutOfPlace + "(" + Args.str() + ")";
+  StringRef Op = isa<CXXMemberCallExpr>(U->Call)
+                     ? cast<CXXMemberCallExpr>(U->Call)->getMethodDecl()->getName()
+                     : getOperatorSpelling(cast<CXXOperatorCallExpr>(U->Call)->getOperator());
+  auto D = diag(reportLoc(C.Call),
+                "'clone' copies '%0', then '%1' rewrites the copy in place at once: two "
+                "passes over the data where the out-of-place op makes the same tensor in one; "
+                "use '%2'")
+           << (Src.size() <= 40 ? Src.str() : std::string("the tensor")) << Op.str()
+           << (Repl.size() <= 60 ? Repl : "'" + U->OutOfPlace + "'");
+  SourceLocation Semi =
+      Lexer::findLocationAfterToken(U->Call->getEndLoc(), tok::semi, SM, Ctx.getLangOpts(), false);
+  bool Fixable = !Src.empty() && (U->Args.isInvalid() || !Args.empty()) && Semi.isValid() &&
+                 !First->getBeginLoc().isMacroID() && !inTemplateInstantiation(C.Call, Ctx);
+  if (Fixable)
+    D << FixItHint::CreateReplacement(C.Call->getSourceRange(), Repl)
+      << FixItHint::CreateRemoval(wholeLines(First->getBeginLoc(), Semi.getLocWithOffset(-1), SM));
+  emitFinding(cloneFinding(getID(), C, Fixable ? FixKind::OutOfPlaceOnSource : FixKind::None,
+                           Fact::FirstUseInPlace, SM));
+}
+
+void UnnecessaryCloneCheck::reportUnneeded(const CloneDecl &C, ASTContext &Ctx) {
+  const Expr *Src = C.Call->getImplicitObjectArgument();
+  const ValueDecl *Named = namedSource(Src);
+  LoopAnalysis *LA = AnalysisManager::get(Model, Ctx).loopsAt(C.Call);
+  DynTypedNodeList Bs = Ctx.getParents(*C.DS);
+  const Stmt *Block = Bs.empty() ? nullptr : Bs[0].get<CompoundStmt>();
+  if (!Named || !LA || !Block)
+    return;
+  LoopAnalysis::Use U = LA->usesOfTemporary(C.Call, Block);
+  if (U.Escapes || U.Written || LA->mayChangeIn(Src, C.Rest))
+    return;
+  const ValueDecl *Vars[] = {C.V, Named};
+  if (identityUsed(C.Rest, Vars))
+    return;
+  const SourceManager &SM = Ctx.getSourceManager();
+  StringRef SrcText = textOf(Src->getSourceRange(), Ctx);
+  auto D = diag(reportLoc(C.Call),
+                "'clone' copies '%0' for nothing: neither '%1' nor '%0' is written while '%1' "
+                "lives, and '%1' does not leave the block; use '%0' itself")
+           << SrcText << C.V->getName();
+  bool Fixable = !SrcText.empty() && !C.Call->getBeginLoc().isMacroID() &&
+                 !inTemplateInstantiation(C.Call, Ctx);
+  if (Fixable)
+    D << FixItHint::CreateReplacement(C.Call->getSourceRange(), SrcText);
+  emitFinding(cloneFinding(getID(), C, Fixable ? FixKind::UseSource : FixKind::None,
+                           Fact::CopyOnlyRead, SM));
+}
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,200 @@
+#include "analysis/DeviceFacts.h"
+
+#include "analysis/AstHelpers.h"
+
+#include "clang/AST/DeclCXX.h"
+#include "clang/AST/ExprCXX.h"
+
+namespace clang::tidy::tensor {
+
+namespace {
+
+// Two values a variable may hold: CUDA only when both are.
+DeviceKnown meet(DeviceKnown A, DeviceKnown B) {
+  if (A == B)
+    return A;
+  if ((A == DeviceKnown::CUDA && B == DeviceKnown::CUDAIfAvailable) ||
+      (B == DeviceKnown::CUDA && A == DeviceKnown::CUDAIfAvailable))
+    return DeviceKnown::CUDAIfAvailable;
+  return DeviceKnown::Unknown;
+}
+
+bool onCUDA(DeviceKnown D) { return D == DeviceKnown::CUDA || D == DeviceKnown::CUDAIfAvailable; }
+
+// E calls torch::cuda::is_available() (or tt::cuda::is_available()).
+bool asksAvailability(const Stmt *S) {
+  if (!S)
+    return false;
+  if (const auto *C = dyn_cast<CallExpr>(S))
+    if (const FunctionDecl *F = C->getDirectCallee();
+        F && F->getIdentifier() &&
+        (F->getName() == "is_available" || F->getName() == "device_count"))
+      return true;
+  return llvm::any_of(S->children(), [](const Stmt *C) { return asksAvailability(C); });
+}
+
+bool isDeviceLikeType(QualType T) {
+  std::string N = T.getNonReferenceType().getUnqualifiedType().getAsString();
+  return N.find("Device") != std::string::npos || N.find("TensorOptions") != std::string::npos;
+}
+
+StringRef calleeName(const CallExpr *C) {
+  const FunctionDecl *F = C->getDirectCallee();
+  return F && F->getIdentifier() ? F->getName() : "";
+}
+
+} // namespace
+
+DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const FunctionDecl *FD)
+    : Model(Model), Ctx(Ctx) {
+  llvm::SmallVector<const Stmt *, 64> Work{FD ? FD->getBody() : nullptr};
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    const Expr *L = nullptr, *R = nullptr;
+    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
+        OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
+      L = OC->getArg(0), R = OC->getArg(1);
+    else if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->getOpcode() == BO_Assign)
+      L = BO->getLHS(), R = BO->getRHS();
+    if (const auto *D = L ? dyn_cast<DeclRefExpr>(stripHandle(L)) : nullptr)
+      if (const auto *V = dyn_cast<VarDecl>(D->getDecl()))
+        Assigned[V].push_back(R);
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+}
+
+DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) {
+  // Parameters, loop variables and globals someone else sets: not shown here.
+  if (isa<ParmVarDecl>(V) || !V->getInit() ||
+      (V->hasGlobalStorage() && !V->getType().isConstQualified()))
+    return DeviceKnown::Unknown;
+  auto Of = [&](const Expr *E) {
+    return IsDevice ? deviceNamed(E, Depth + 1) : deviceOf(E, Depth + 1);
+  };
+  DeviceKnown D = Of(V->getInit());
+  auto It = Assigned.find(V);
+  if (It != Assigned.end())
+    for (const Expr *R : It->second)
+      D = meet(D, Of(R));
+  return D;
+}
+
+DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
+  if (!E || Depth > 12)
+    return DeviceKnown::Unknown;
+  E = stripHandle(E)->IgnoreImplicit();
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
+    StringRef N = DRE->getDecl()->getIdentifier() ? DRE->getDecl()->getName() : "";
+    if (N.ends_with("CUDA"))
+      return DeviceKnown::CUDA;
+    if (N.ends_with("CPU"))
+      return DeviceKnown::NotCUDA;
+    const auto *V = dyn_cast<VarDecl>(DRE->getDecl());
+    return V ? ofVar(V, true, Depth) : DeviceKnown::Unknown;
+  }
+  if (const auto *S = dyn_cast<StringLiteral>(E))
+    return S->getString().starts_with("cuda")  ? DeviceKnown::CUDA
+           : S->getString().starts_with("cpu") ? DeviceKnown::NotCUDA
+                                               : DeviceKnown::Unknown;
+  if (const auto *CO = dyn_cast<ConditionalOperator>(E)) {
+    DeviceKnown T = deviceNamed(CO->getTrueExpr(), Depth + 1),
+                F = deviceNamed(CO->getFalseExpr(), Depth + 1);
+    if (asksAvailability(CO->getCond()) && T == DeviceKnown::CUDA && F == DeviceKnown::NotCUDA)
+      return DeviceKnown::CUDAIfAvailable;
+    return meet(T, F);
+  }
+  // torch::Device(kCUDA, 0), TensorOptions(device), optional<Device>.
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(E))
+    return CE->getNumArgs() ? deviceNamed(CE->getArg(0), Depth + 1) : DeviceKnown::NotCUDA;
+  if (const auto *C = dyn_cast<CallExpr>(E)) {
+    StringRef N = calleeName(C);
+    const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+    if (N == "device" && C->getNumArgs() == 1) // options.device(d), torch::device(d)
+      return deviceNamed(C->getArg(0), Depth + 1);
+    if (MC && isDeviceLikeType(MC->getImplicitObjectArgument()->getType()))
+      return deviceNamed(MC->getImplicitObjectArgument(), Depth + 1); // .dtype(...) on options
+    if (!MC && isTensorApi(C->getDirectCallee()) && (N == "dtype" || N == "requires_grad"))
+      return DeviceKnown::NotCUDA; // torch::dtype(kFloat): the default device
+  }
+  return DeviceKnown::Unknown;
+}
+
+DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth) {
+  DeviceKnown Best = DeviceKnown::Unknown;
+  for (const Expr *A : C->arguments())
+    if (Model.isTensorExpr(A))
+      if (DeviceKnown D = deviceOf(A, Depth + 1); onCUDA(D) && Best != DeviceKnown::CUDA)
+        Best = D;
+  return Best;
+}
+
+DeviceKnown DeviceFacts::ofFactory(const CallExpr *C, unsigned Depth) {
+  StringRef N = calleeName(C);
+  if (N.ends_with("_like") && C->getNumArgs()) {
+    for (const Expr *A : llvm::drop_begin(C->arguments()))
+      if (isDeviceLikeType(A->getType()) && !isa<CXXDefaultArgExpr>(A))
+        return DeviceKnown::Unknown; // a device of its own: rare, not followed
+    return deviceOf(C->getArg(0), Depth + 1);
+  }
+  for (const Expr *A : C->arguments())
+    if (!isa<CXXDefaultArgExpr>(A) && isDeviceLikeType(A->getType()))
+      return deviceNamed(A, Depth + 1);
+  return DeviceKnown::NotCUDA;
+}
+
+DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
+  StringRef N = calleeName(C);
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+  const Expr *Obj = MC ? MC->getImplicitObjectArgument() : nullptr;
+  if (Obj && Model.isTensorExpr(Obj)) {
+    if (N == "cuda")
+      return DeviceKnown::CUDA;
+    if (N == "cpu")
+      return DeviceKnown::NotCUDA;
+    if (N == "to" && C->getNumArgs() && !isa<CXXDefaultArgExpr>(C->getArg(0))) {
+      const Expr *A = C->getArg(0);
+      if (isDeviceLikeType(A->getType())) // to(device), to(device, dtype)
+        return deviceNamed(A, Depth + 1);
+      if (Model.isTensorExpr(A)) // to(other): other's device
+        return deviceOf(A, Depth + 1);
+    }
+    return deviceOf(Obj, Depth + 1); // every other tensor method keeps self's device
+  }
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C))
+    return anyArgument(OC, Depth);    // operands share a device
+  if (isStdMoveLike(C) || N == "get") // std::get<0>(t.max(1)): the tuple's tensors
+    return C->getNumArgs() ? deviceOf(C->getArg(0), Depth + 1) : DeviceKnown::Unknown;
+  const sem::OpInfo *Op = sem::lookup(N);
+  if (isTensorApi(C->getDirectCallee()) &&
+      ((Op && Op->storage == sem::Storage::Factory) || N.starts_with("rand") || N == "tensor" ||
+       N == "from_blob"))
+    return ofFactory(C, Depth);
+  // torch::nll_loss(out, target), model->forward(x), a function of ours: a
+  // CUDA input means a CUDA computation.
+  return anyArgument(C, Depth);
+}
+
+DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
+  if (!E || Depth > 12)
+    return DeviceKnown::Unknown;
+  E = stripHandle(E)->IgnoreImplicit();
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
+    if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl())) // auto [a, b] = model(x)
+      if (const auto *DD = dyn_cast_or_null<VarDecl>(BD->getDecomposedDecl()))
+        return ofVar(DD, false, Depth);
+    const auto *V = dyn_cast<VarDecl>(DRE->getDecl());
+    return V ? ofVar(V, false, Depth) : DeviceKnown::Unknown;
+  }
+  if (const auto *CO = dyn_cast<ConditionalOperator>(E))
+    return meet(deviceOf(CO->getTrueExpr(), Depth + 1), deviceOf(CO->getFalseExpr(), Depth + 1));
+  if (const auto *UO = dyn_cast<UnaryOperator>(E))
+    return deviceOf(UO->getSubExpr(), Depth + 1);
+  if (const auto *C = dyn_cast<CallExpr>(E))
+    return ofCall(C, Depth);
+  return DeviceKnown::Unknown;
+}
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,48 @@
+// Where a tensor lives, as far as the code shows it is CUDA (for the checks
+// whose hazard exists only there). Unlike LayoutAnalysis, which takes any
+// computed device for an accelerator and unknown inputs for CPU tensors (the
+// defaults a layout or copy judgement needs), this answers "CUDA" only where
+// the code says so, and follows values through the calls that keep a device:
+// tensor ops and operators (operands share a device), and functions or module
+// calls given a CUDA tensor (a model fed CUDA inputs runs on CUDA).
+// Flow-insensitive per variable: every value a variable is given must agree.
+#pragma once
+
+#include "analysis/TensorModel.h"
+
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/Decl.h"
+#include "llvm/ADT/DenseMap.h"
+
+namespace clang::tidy::tensor {
+
+enum class DeviceKnown : uint8_t {
+  Unknown,         // a parameter, a loader's tensor, a device chosen elsewhere
+  NotCUDA,         // CPU as the code shows (kCPU, cpu(), a factory without a device)
+  CUDA,            // kCUDA, "cuda", cuda(), a torch::Device made from them
+  CUDAIfAvailable, // `torch::cuda::is_available() ? kCUDA : kCPU`: CUDA whenever there is one
+};
+
+class DeviceFacts {
+public:
+  DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const FunctionDecl *FD);
+
+  /// The device of the tensor E on every evaluation.
+  DeviceKnown deviceOf(const Expr *E, unsigned Depth = 0);
+  /// The device a device expression names (kCUDA, torch::Device(...),
+  /// TensorOptions().device(d), a variable holding one).
+  DeviceKnown deviceNamed(const Expr *D, unsigned Depth = 0);
+
+private:
+  DeviceKnown ofVar(const VarDecl *V, bool IsDevice, unsigned Depth);
+  DeviceKnown ofCall(const CallExpr *C, unsigned Depth);
+  DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
+  DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
+
+  const TensorModel &Model;
+  ASTContext &Ctx;
+  /// Every value assigned to a local variable after its declaration.
+  llvm::DenseMap<const VarDecl *, llvm::SmallVector<const Expr *, 2>> Assigned;
+};
+
+} // namespace clang::tidy::tensor

@@ -1,0 +1,130 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-sync-in-loop %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-sync-in-loop %t.plugin -- --quiet -- %torch_include
+#include <torch/torch.h>
+#include <cstdio>
+#include <iostream>
+#include <vector>
+
+struct Net : torch::nn::Module {
+  Net() { fc = register_module("fc", torch::nn::Linear(784, 10)); }
+  torch::Tensor forward(torch::Tensor x) { return torch::log_softmax(fc->forward(x), 1); }
+  torch::nn::Linear fc{nullptr};
+};
+struct Batch {
+  torch::Tensor data, target;
+};
+
+double train_epoch(Net &model, torch::optim::Optimizer &opt, const std::vector<Batch> &batches) {
+  torch::Device device(torch::kCUDA);
+  model.to(device);
+  double running_loss = 0.0;
+  int64_t correct = 0;
+  for (const auto &batch : batches) {
+    auto data = batch.data.to(device), target = batch.target.to(device);
+    opt.zero_grad();
+    auto output = model.forward(data);
+    auto loss = torch::nll_loss(output, target);
+    loss.backward();
+    opt.step();
+    running_loss += loss.item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:26: warning: 'item' of CUDA tensor 'loss' copies it to the host and waits for the GPU on every iteration, only to add the value up; accumulate on the device ('sum_t = sum_t + loss.detach()') and read the sum once after the loop [tensor-sync-in-loop]
+    correct += output.argmax(1).eq(target).sum().item<int64_t>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:50: warning: 'item' of CUDA tensor 'output.argmax(1).eq(target).sum()'
+  }
+  return running_loss / batches.size() + correct;
+}
+// CHECK-FIXES: int64_t correct = 0;
+// CHECK-FIXES: running_loss_t = running_loss_t + loss.detach();
+// CHECK-FIXES: running_loss += running_loss_t.item<double>();
+// CHECK-FIXES-NEXT: return running_loss / batches.size() + correct;
+
+void log_gan(Net &d, const std::vector<torch::Tensor> &reals) {
+  auto device = torch::Device(torch::kCUDA);
+  int i = 0;
+  for (const auto &r : reals) {
+    auto real = r.to(device);
+    auto d_loss = torch::binary_cross_entropy(torch::sigmoid(d.forward(real)),
+                                              torch::ones({real.size(0), 10}, torch::TensorOptions().device(device)));
+    std::cout << "[" << i++ << "] D: " << d_loss.item<float>() << std::endl;
+    // CHECK-MESSAGES: :[[@LINE-1]]:50: warning: 'item' of CUDA tensor 'd_loss' {{.*}} only to log it
+  }
+}
+
+double confidence(Net &model, const std::vector<torch::Tensor> &reqs) {
+  torch::NoGradGuard no_grad;
+  torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  double total = 0;
+  for (const auto &req : reqs) {
+    auto probs = torch::softmax(model.forward(req.to(device)), 1);
+    total += std::get<0>(probs.max(1)).mean().item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:47: warning: 'item' of 'std::get<0>(probs.max(1)).mean()' (on CUDA whenever cuda::is_available())
+  }
+  return total;
+}
+
+void printed(Net &model, const std::vector<torch::Tensor> &xs) {
+  const torch::Device device(torch::kCUDA, 0);
+  for (const auto &x : xs) {
+    auto loss = model.forward(x.to(device)).mean();
+    std::printf("loss %.4f\n", loss.item<float>());
+    // CHECK-MESSAGES: :[[@LINE-1]]:37: warning: 'item' of CUDA tensor 'loss' {{.*}} only to log it
+  }
+}
+
+// ---- not flagged ----------------------------------------------------------------
+
+int train_until(Net &model, torch::optim::Optimizer &opt, const Batch &b, double tol) {
+  torch::Device device(torch::kCUDA);
+  auto data = b.data.to(device), target = b.target.to(device);
+  int it = 0;
+  for (; it < 1000; ++it) {
+    opt.zero_grad();
+    auto loss = torch::nll_loss(model.forward(data), target);
+    loss.backward();
+    opt.step();
+    if (loss.item<double>() < tol) // control flow
+      break;
+  }
+  return it;
+}
+
+double unknown_device(Net &model, const std::vector<Batch> &batches, torch::Device device) {
+  double s = 0;
+  for (const auto &b : batches)
+    s += torch::nll_loss(model.forward(b.data.to(device)), b.target.to(device)).item<double>(); // the caller's device
+  return s;
+}
+
+double cpu_only(Net &model, const std::vector<Batch> &batches) {
+  double s = 0;
+  for (const auto &b : batches)
+    s += torch::nll_loss(model.forward(b.data), b.target).item<double>(); // never moved
+  return s;
+}
+
+void every_hundred(Net &model, const std::vector<Batch> &batches) {
+  torch::Device device(torch::kCUDA);
+  int step = 0;
+  for (const auto &b : batches) {
+    auto loss = torch::nll_loss(model.forward(b.data.to(device)), b.target.to(device));
+    if (++step % 100 == 0)
+      std::cout << loss.item<float>() << "\n"; // only every 100th step
+  }
+}
+
+std::vector<int64_t> labels(Net &model, const std::vector<torch::Tensor> &reqs) {
+  torch::Device device(torch::kCUDA);
+  std::vector<int64_t> out;
+  for (const auto &r : reqs)
+    out.push_back(model.forward(r.to(device)).argmax(1).item<int64_t>()); // the answer per request
+  return out;
+}
+
+std::vector<torch::Tensor> features(Net &model, const std::vector<torch::Tensor> &xs) {
+  torch::Device device(torch::kCUDA);
+  std::vector<torch::Tensor> out;
+  for (const auto &x : xs)
+    out.push_back(model.forward(x.to(device)).to(torch::kCPU)); // host data is the result
+  return out;
+}

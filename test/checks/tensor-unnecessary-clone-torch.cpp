@@ -1,0 +1,131 @@
+// REQUIRES: torch
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-unnecessary-clone %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-unnecessary-clone %t.plugin -- --quiet -- %torch_include
+#include <torch/torch.h>
+#include <deque>
+#include <vector>
+
+torch::Tensor normalize(const torch::Tensor &img, const torch::Tensor &mean, const torch::Tensor &std) {
+  auto out = img.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:18: warning: 'clone' copies 'img', then 'sub_' rewrites the copy in place at once{{.*}}use 'img.sub(mean)' [tensor-unnecessary-clone]
+  out.sub_(mean);
+  out.div_(std);
+  return out;
+}
+// CHECK-FIXES: auto out = img.sub(mean);
+// CHECK-FIXES-NEXT: //
+// CHECK-FIXES-NEXT: out.div_(std);
+
+torch::Tensor td_target(const torch::Tensor &rewards, const torch::Tensor &next_q, double gamma) {
+  auto target = rewards.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: 'clone' copies 'rewards', then 'add_' rewrites{{.*}}use 'rewards.add(next_q * gamma)'
+  target.add_(next_q * gamma);
+  return target;
+}
+// CHECK-FIXES: auto target = rewards.add(next_q * gamma);
+
+torch::Tensor to_unit(const torch::Tensor &img) {
+  torch::Tensor x = img.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: 'clone' copies 'img', then '/=' rewrites{{.*}}use 'img.div(255.0)'
+  x /= 255.0;
+  return x;
+}
+// CHECK-FIXES: torch::Tensor x = img.div(255.0);
+
+torch::Tensor stats(const torch::Tensor &batch) {
+  auto b = batch.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:18: warning: 'clone' copies 'batch' for nothing: neither 'b' nor 'batch' is written while 'b' lives, and 'b' does not leave the block; use 'batch' itself
+  return torch::stack({b.mean(0), b.var(0)});
+}
+// CHECK-FIXES: auto b = batch;
+
+double mean_fg(const std::vector<torch::Tensor> &masks) {
+  double total = 0;
+  for (const auto &m0 : masks) {
+    auto m = m0.clone();
+    // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: 'clone' copies 'm0' for nothing
+    total += (m > 0).to(torch::kFloat).mean().item<double>();
+  }
+  return total;
+}
+// CHECK-FIXES: auto m = m0;
+
+struct Net : torch::nn::Module {
+  Net() { fc = register_module("fc", torch::nn::Linear(4, 2)); }
+  torch::Tensor forward(torch::Tensor x) { return fc->forward(x); }
+  torch::nn::Linear fc{nullptr};
+};
+
+torch::Tensor top5(Net &net, const torch::Tensor &x) {
+  auto logits = net.forward(x);
+  auto kept = logits.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:22: warning: 'clone' copies 'logits' for nothing
+  return std::get<0>(kept.topk(2));
+}
+// CHECK-FIXES: auto kept = logits;
+
+torch::Tensor masked(const torch::Tensor &x, const torch::Tensor &mask) {
+  auto y = x.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:14: warning: 'clone' copies 'x', then 'masked_fill_' rewrites{{.*}}use 'x.masked_fill(mask, 0)'
+  y.masked_fill_(mask, 0);
+  return y;
+}
+// CHECK-FIXES: auto y = x.masked_fill(mask, 0);
+
+torch::Tensor zeroed(const torch::Tensor &x) {
+  auto y = x.clone(); // zero_: zeros_like is no twin (it drops the autograd history)
+  y.zero_();
+  return y;
+}
+
+// ---- not flagged ----------------------------------------------------------------
+
+struct Transition {
+  torch::Tensor s, s2;
+};
+void push(std::deque<Transition> &buf, const torch::Tensor &state, const torch::Tensor &next) {
+  buf.push_back({state.clone(), next.clone()}); // stored in the replay buffer
+}
+
+torch::Tensor returned(const torch::Tensor &x) {
+  auto y = x.clone(); // the caller owns the copy
+  return y;
+}
+
+std::vector<torch::Tensor> snapshot(Net &net, torch::optim::SGD &opt, const torch::Tensor &x) {
+  std::vector<torch::Tensor> before;
+  for (const auto &p : net.parameters())
+    before.push_back(p.detach().clone()); // snapshot before the step
+  auto loss = net.forward(x).sum();
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+  return before;
+}
+
+torch::Tensor weight_delta(Net &net, torch::optim::SGD &opt, const torch::Tensor &x) {
+  auto w0 = net.fc->weight.clone(); // the step writes the weight while w0 is read
+  net.forward(x).sum().backward();
+  opt.step();
+  return net.fc->weight - w0;
+}
+
+torch::Tensor flip_boxes(const torch::Tensor &boxes, int64_t w) {
+  auto f = boxes.clone(); // columns rewritten through views
+  f.select(1, 0).copy_(w - boxes.select(1, 2));
+  f.select(1, 2).copy_(w - boxes.select(1, 0));
+  return f;
+}
+
+torch::Tensor leaf_copy(const torch::Tensor &init) {
+  auto p = init.detach().clone().requires_grad_(true); // a new leaf
+  return p;
+}
+
+
+torch::Tensor discounted(const torch::Tensor &r, double gamma) {
+  auto ret = r.clone(); // elements written in the loop
+  for (int64_t i = r.size(0) - 2; i >= 0; --i)
+    ret[i] += gamma * ret[i + 1];
+  return ret;
+}
