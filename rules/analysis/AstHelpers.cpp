@@ -90,6 +90,8 @@ bool isStdMoveLike(const CallExpr *Call) {
 }
 
 bool isInNamespace(const Decl *D, llvm::ArrayRef<llvm::StringRef> Names) {
+  if (!D) // a call through a pointer has no callee
+    return false;
   for (const DeclContext *C = D->getDeclContext(); C; C = C->getParent())
     if (const auto *NS = dyn_cast<NamespaceDecl>(C))
       if (NS->getIdentifier() && llvm::is_contained(Names, NS->getName()) &&

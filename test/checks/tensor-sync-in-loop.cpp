@@ -345,3 +345,14 @@ double stringDevice(const std::vector<Tensor> &xs, const std::string &name) {
     s += x.to(name == "gpu" ? tt::kCUDA : tt::kCPU).sum().item<double>(); // chosen at run time
   return s;
 }
+
+// A tensor from a call through a function pointer (no callee to look at):
+// its device is unknown, and the analysis does not crash on it.
+float throughPointer(tt::Tensor (*step)(int), int n) {
+  float total = 0;
+  for (int i = 0; i < n; ++i) {
+    tt::Tensor r = step(i);
+    total += r.item<float>();
+  }
+  return total;
+}
