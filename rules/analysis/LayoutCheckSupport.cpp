@@ -54,20 +54,9 @@ std::string writeOpName(const CallExpr *Call, const TensorModel &Model) {
   if (!Model.inPlaceTarget(Call))
     return "";
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
-    switch (OC->getOperator()) {
-    case OO_PlusEqual:
-      return "add_";
-    case OO_MinusEqual:
-      return "sub_";
-    case OO_StarEqual:
-      return "mul_";
-    case OO_SlashEqual:
-      return "div_";
-    case OO_Equal:
+    if (OC->getOperator() == OO_Equal)
       return Model.isTensorExpr(OC->getArg(1)) ? "copy_" : "fill_";
-    default:
-      return "";
-    }
+    return operatorOpName(OC).str();
   }
   const FunctionDecl *FD = Call->getDirectCallee();
   return FD && FD->getIdentifier() ? FD->getName().str() : "";
