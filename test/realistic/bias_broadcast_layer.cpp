@@ -11,7 +11,8 @@ struct AffineImpl : torch::nn::Module {
     auto y = torch::matmul(x, weight.t());
     auto b = bias.expand_as(y);
     // FACT: b = torch.zeros(3).expand(2, 3); assert raises(lambda: b.add_(1.0), "more than one element of the written-to tensor")
-    b.add_(shift_); // EXPECT: tensor-inplace-on-expanded
+    // FACT: p = torch.zeros(3, requires_grad=True); assert raises(lambda: p.expand(2, 3).add_(1.0), "a view of a leaf Variable that requires grad")
+    b.add_(shift_); // EXPECT: tensor-inplace-on-expanded, tensor-inplace-on-leaf
     return y + b;
   }
 
@@ -26,7 +27,8 @@ struct AffineImpl : torch::nn::Module {
     auto y = torch::matmul(x, weight.t());
     auto b = bias.unsqueeze(0).expand({x.size(0), -1});
     // FACT: b = torch.zeros(3).unsqueeze(0).expand(2, -1); assert raises(lambda: b.add_(torch.ones(2, 3)), "more than one element of the written-to tensor")
-    b += extra; // EXPECT: tensor-inplace-on-expanded
+    // FACT: p = torch.zeros(3, requires_grad=True); assert raises(lambda: p.expand(2, 3).add_(1.0), "a view of a leaf Variable that requires grad")
+    b += extra; // EXPECT: tensor-inplace-on-expanded, tensor-inplace-on-leaf
     return y + b;
   }
 

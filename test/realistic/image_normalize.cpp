@@ -17,7 +17,7 @@ torch::Tensor normalize_image(const torch::Tensor &image, const std::vector<doub
 // The same, written without the hazard.
 torch::Tensor normalize_image_copy(const torch::Tensor &image, const torch::Tensor &m,
                                    const torch::Tensor &s) {
-  auto out = image.clone();
+  auto out = image.clone(); // EXPECT: tensor-unnecessary-clone
   // FACT: img = torch.rand(3, 4, 5); out = img.clone(); out -= 0.5; assert is_copy_of(out, img) and img.min() >= 0
   out.sub_(m); // LOOKALIKE: tensor-alias-then-mutate -- clone() made an independent copy
   out.div_(s);

@@ -24,7 +24,7 @@ double distill_epoch(torch::nn::Sequential &student, torch::nn::Sequential &teac
     opt.zero_grad();
     loss.backward();
     opt.step();
-    total += loss.item<double>();
+    total += loss.item<double>(); // EXPECT: tensor-sync-in-loop
     ++step;
   }
   return total / std::max<int64_t>(step, 1);

@@ -23,7 +23,7 @@ torch::Tensor batch_positions_ok(const torch::Tensor &pe, int64_t B, double scal
 }
 
 torch::Tensor learned_positions(const torch::Tensor &table, int64_t n, double scale) {
-  auto out = table.expand({n, -1}).clone();
+  auto out = table.expand({n, -1}).clone(); // EXPECT: tensor-unnecessary-clone
   // FACT: t = torch.randn(6); o = t.expand(3, -1).clone(); assert not raises(lambda: o.mul_(0.5))
   out.mul_(scale); // LOOKALIKE: tensor-inplace-on-expanded -- cloned
   return out;

@@ -32,7 +32,7 @@ torch::Tensor add_special(const torch::Tensor &seq, int64_t bos, int64_t eos, in
 torch::Tensor mlm_mask(const torch::Tensor &ids, int64_t mask_id, double prob) {
   auto labels = ids;
   auto chosen = torch::rand(ids.sizes()) < prob;
-  auto inputs = ids.clone();
+  auto inputs = ids.clone(); // EXPECT: tensor-unnecessary-clone
   // FACT: ids = torch.arange(6); i = ids.clone(); i.masked_fill_(ids > 2, 0); assert is_copy_of(i, ids)
   inputs.masked_fill_(chosen, mask_id); // LOOKALIKE: tensor-alias-then-mutate -- inputs is a clone
   // FACT: ids = torch.arange(6); l = ids; l.masked_fill_(ids > 2, -100); assert shares_storage(l, ids) and ids.min() == -100
