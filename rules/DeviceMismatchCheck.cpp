@@ -64,22 +64,6 @@ const Expr *moduleObject(const Expr *E) {
   return E;
 }
 
-bool isModuleRecord(const CXXRecordDecl *RD) {
-  if (!RD || !RD->hasDefinition())
-    return false;
-  std::string N = RD->getQualifiedNameAsString();
-  if (N == "torch::nn::Module" || N == "torch::nn::ModuleHolder")
-    return true;
-  for (const CXXBaseSpecifier &B : RD->bases())
-    if (isModuleRecord(B.getType()->getAsCXXRecordDecl()))
-      return true;
-  return false;
-}
-
-bool isModuleType(QualType T) {
-  return isModuleRecord(T.getNonReferenceType()->getAsCXXRecordDecl());
-}
-
 // The last statement before Use in its function, at a level that always runs
 // before it, that moves Module with `to(d)` / `cuda()` / `cpu()`: the device
 // text when it is CUDA, "" otherwise.
@@ -173,8 +157,7 @@ void DeviceMismatchCheck::check(const MatchFinder::MatchResult &Result) {
   if (!FD || !FD->getIdentifier()) {
     // `model(x)`: ModuleHolder's operator() calls forward.
     const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
-    if (OC && OC->getOperator() == OO_Call && OC->getNumArgs() == 2 &&
-        isModuleType(OC->getArg(0)->getType()) && Model.isTensorExpr(OC->getArg(1)))
+    if (OC && isModuleCall(OC) && OC->getNumArgs() == 2 && Model.isTensorExpr(OC->getArg(1)))
       checkForward(Call, OC->getArg(0), OC->getArg(1), Result);
     else if (OC)
       checkOp(Call, Result);
@@ -184,7 +167,7 @@ void DeviceMismatchCheck::check(const MatchFinder::MatchResult &Result) {
                                                           MC->getNumArgs() >= 1 &&
                                                           Model.isTensorExpr(MC->getArg(0))) {
     const Expr *Obj = moduleObject(MC->getImplicitObjectArgument());
-    if (isModuleType(Obj->getType()) || isModuleRecord(MC->getRecordDecl()))
+    if (isModuleHolderType(Obj->getType()) || isModuleRecord(MC->getRecordDecl()))
       return checkForward(Call, Obj, MC->getArg(0), Result);
   }
   checkOp(Call, Result);

@@ -49,7 +49,9 @@ void InplaceOnSavedCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *Root = dyn_cast<DeclRefExpr>(stripHandle(viewRoot(Target, Model)));
   if (!Root || !G->cfg() || G->factOf(Target).isGradLeafOrView())
     return; // a leaf: tensor-inplace-on-leaf
-  SavedBy S = findSaver(*G, Model, Root->getDecl(), Write);
+  AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
+  SavedBy S = findSaver(*G, Model, Root->getDecl(), Write,
+                        [&](const FunctionDecl *Callee) { return AM.gradAt(Callee->getBody()); });
   if (!S.Op)
     return;
   const CallExpr *Bwd = findBackwardAfter(*G, Model, Write, S.Op);

@@ -20,6 +20,8 @@ def probes(torch, F):
     for the Contiguous and Same rows, contiguous for the views)."""
     i64 = lambda *s: torch.zeros(*s, dtype=torch.long)
     return {
+        "eye": lambda t: torch.eye(3), "randint": lambda t: torch.randint(0, 4, (3, 4)),
+        "randperm": lambda t: torch.randperm(5),
         "moveaxis": lambda t: t.moveaxis(1, 2), "movedim": lambda t: t.movedim(1, 2),
         "mT": lambda t: t.mT, "swapaxes": lambda t: t.swapaxes(1, 2),
         "swapdims": lambda t: t.swapdims(1, 2),

@@ -46,18 +46,32 @@ T *AnalysisManager::cachedFor(const Stmt *S,
   const FunctionDecl *FD = enclosingFunction(S, Ctx);
   if (!FD || !FD->hasBody())
     return nullptr;
-  auto &Slot = Slots[FD];
-  if (!Slot)
-    Slot = Make(FD);
-  return Slot.get();
+  if (auto It = Slots.find(FD); It != Slots.end())
+    return It->second.get();
+  // Make may fill other slots (a callee's analysis): insert after it.
+  auto Made = Make(FD);
+  return (Slots[FD] = std::move(Made)).get();
 }
 
 const LayoutAnalysis *AnalysisManager::layoutAt(const Stmt *S) {
-  return cachedFor(S, Layouts, [this](const FunctionDecl *FD) {
-    auto L = std::make_unique<LayoutAnalysis>(Model, Ctx);
-    L->run(FD);
-    return L;
+  return cachedFor(S, Layouts, [this](const FunctionDecl *FD) { return makeLayout(FD); });
+}
+
+// Callees are analysed on demand; a call back into a function being
+// analysed (recursion) gets nothing.
+std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *FD) {
+  auto L = std::make_unique<LayoutAnalysis>(Model, Ctx);
+  L->setCallees([this](const FunctionDecl *Callee) -> const LayoutAnalysis * {
+    if (!Callee->hasBody() || !InLayout.insert(Callee).second)
+      return nullptr;
+    const LayoutAnalysis *R = layoutAt(Callee->getBody());
+    InLayout.erase(Callee);
+    return R;
   });
+  InLayout.insert(FD);
+  L->run(FD);
+  InLayout.erase(FD);
+  return L;
 }
 
 LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {

@@ -4,12 +4,13 @@
 #pragma once
 
 #include "analysis/AliasAnalysis.h"
-#include "analysis/GradFacts.h"
 #include "analysis/DeviceFacts.h"
+#include "analysis/GradFacts.h"
 #include "analysis/LayoutAnalysis.h"
 #include "analysis/LoopAnalysis.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <memory>
 
@@ -40,8 +41,11 @@ private:
   T *cachedFor(const Stmt *S, llvm::DenseMap<const FunctionDecl *, std::unique_ptr<T>> &Slots,
                MakeFn Make);
 
+  std::unique_ptr<LayoutAnalysis> makeLayout(const FunctionDecl *FD);
+
   const TensorModel &Model;
   ASTContext &Ctx;
+  llvm::DenseSet<const FunctionDecl *> InLayout; // being analysed
   AliasAnalysis Alias;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;

@@ -28,18 +28,53 @@ const Expr *stripHandle(const Expr *E) {
   return E;
 }
 
+bool inNamespacePath(const Decl *D, llvm::StringRef Prefix) {
+  const auto *ND = dyn_cast<NamedDecl>(D);
+  return ND && llvm::StringRef(ND->getQualifiedNameAsString()).starts_with(Prefix);
+}
+
+static bool isTorchModuleBase(const CXXRecordDecl *RD) {
+  return RD->getIdentifier() && RD->getName() == "Module" && inNamespacePath(RD, "torch::nn::");
+}
+
+// RD is torch::nn::Module or derives from it.
+bool isModuleRecord(const CXXRecordDecl *RD) {
+  if (!RD || !RD->hasDefinition())
+    return false;
+  RD = RD->getDefinition();
+  if (isTorchModuleBase(RD))
+    return true;
+  return RD->forallBases([](const CXXRecordDecl *B) { return !isTorchModuleBase(B); }) == false;
+}
+
+// A module value: Impl, holder (Linear, Sequential...), pointer or shared_ptr to one.
+bool isModuleHolderType(QualType T) {
+  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  if (!RD || !RD->getIdentifier())
+    return false;
+  if (isModuleRecord(RD))
+    return true;
+  if (!RD->hasDefinition())
+    return false;
+  auto IsHolder = [](const CXXRecordDecl *B) {
+    return B->getIdentifier() && (B->getName() == "ModuleHolder" || B->getName() == "AnyModule") &&
+           inNamespacePath(B, "torch::nn::");
+  };
+  return IsHolder(RD) ||
+         !RD->getDefinition()->forallBases([&](const CXXRecordDecl *B) { return !IsHolder(B); });
+}
+
+bool isModuleCall(const CallExpr *Call) {
+  const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
+  return OC && OC->getOperator() == OO_Call && OC->getNumArgs() &&
+         isModuleHolderType(OC->getArg(0)->getType());
+}
+
 bool isModuleForward(const CXXMethodDecl *MD) {
   if (!MD || !(MD->getOverloadedOperator() == OO_Call ||
                (MD->getIdentifier() && MD->getName() == "forward")))
     return false;
-  const CXXRecordDecl *RD = MD->getParent()->getDefinition();
-  if (!RD)
-    return false;
-  auto IsModule = [](const CXXRecordDecl *B) {
-    return B->getQualifiedNameAsString() == "torch::nn::Module";
-  };
-  bool Derived = !RD->forallBases([&](const CXXRecordDecl *B) { return !IsModule(B); });
-  return IsModule(RD) || Derived;
+  return isModuleRecord(MD->getParent());
 }
 
 const VarDecl *handleVar(const ValueDecl *D) {

@@ -16,6 +16,18 @@ namespace clang::tidy::tensor {
 /// casts, parentheses, temporaries, functional casts, copy/move construction.
 const Expr *stripHandle(const Expr *E);
 
+/// D's qualified name starts with Prefix ("torch::nn::").
+bool inNamespacePath(const Decl *D, llvm::StringRef Prefix);
+
+/// RD is torch::nn::Module or derives from it.
+bool isModuleRecord(const CXXRecordDecl *RD);
+
+/// A module value: an Impl or a holder (Linear, Sequential, AnyModule...).
+bool isModuleHolderType(QualType T);
+
+/// `m(x)`: the call operator of a module value.
+bool isModuleCall(const CallExpr *Call);
+
 /// `forward` (or the call operator) of a class derived from
 /// `torch::nn::Module`: it writes the module's own state (parameters,
 /// buffers such as BatchNorm's running statistics) and its arguments, nothing

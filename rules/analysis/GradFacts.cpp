@@ -68,43 +68,7 @@ void collectUnderGuard(const Stmt *Cur, bool Active, llvm::DenseSet<const Stmt *
   }
 }
 
-bool inNamespacePath(const Decl *D, llvm::StringRef Prefix) {
-  const auto *ND = dyn_cast<NamedDecl>(D);
-  return ND && llvm::StringRef(ND->getQualifiedNameAsString()).starts_with(Prefix);
-}
-
 // --- modules ---------------------------------------------------------------------------------
-
-bool isTorchModuleBase(const CXXRecordDecl *RD) {
-  return RD->getIdentifier() && RD->getName() == "Module" && inNamespacePath(RD, "torch::nn::");
-}
-
-// RD is torch::nn::Module or derives from it.
-bool isModuleRecord(const CXXRecordDecl *RD) {
-  if (!RD || !RD->hasDefinition())
-    return false;
-  RD = RD->getDefinition();
-  if (isTorchModuleBase(RD))
-    return true;
-  return RD->forallBases([](const CXXRecordDecl *B) { return !isTorchModuleBase(B); }) == false;
-}
-
-// A module value: Impl, holder (Linear, Sequential...), pointer or shared_ptr to one.
-bool isModuleHolderType(QualType T) {
-  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
-  if (!RD || !RD->getIdentifier())
-    return false;
-  if (isModuleRecord(RD))
-    return true;
-  if (!RD->hasDefinition())
-    return false;
-  auto IsHolder = [](const CXXRecordDecl *B) {
-    return B->getIdentifier() && (B->getName() == "ModuleHolder" || B->getName() == "AnyModule") &&
-           inNamespacePath(B, "torch::nn::");
-  };
-  return IsHolder(RD) ||
-         !RD->getDefinition()->forallBases([&](const CXXRecordDecl *B) { return !IsHolder(B); });
-}
 
 // Library modules without parameters: their output requires grad iff an input does.
 bool isParameterFreeModule(QualType T) {
@@ -202,9 +166,7 @@ bool runsALayer(const Stmt *S) {
   if (!S)
     return false;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
-      OC && OC->getOperator() == OO_Call && OC->getNumArgs() &&
-      isModuleHolderType(OC->getArg(0)->getType()) &&
-      !isParameterFreeModule(OC->getArg(0)->getType()))
+      OC && isModuleCall(OC) && !isParameterFreeModule(OC->getArg(0)->getType()))
     return true;
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S))
     if (const CXXMethodDecl *M = MC->getMethodDecl();
@@ -419,7 +381,7 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
     return evalRequiresGradCall(MC, St);
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
     OverloadedOperatorKind K = OC->getOperator();
-    if (K == OO_Call && OC->getNumArgs() && isModuleHolderType(OC->getArg(0)->getType()))
+    if (isModuleCall(OC))
       return isParameterFreeModule(OC->getArg(0)->getType())
                  ? combineInputs(Call, St)
                  : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};

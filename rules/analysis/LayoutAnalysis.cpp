@@ -23,8 +23,8 @@ bool TensorFact::operator==(const TensorFact &O) const {
          KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
          ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
          DeviceRuntime == O.DeviceRuntime && FloatingOp == O.FloatingOp && SwapA == O.SwapA &&
-         SwapB == O.SwapB && UnitDims == O.UnitDims && Src == O.Src && Origin == O.Origin &&
-         OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
+         SwapB == O.SwapB && UnitDims == O.UnitDims && MinChunks == O.MinChunks && Src == O.Src &&
+         Origin == O.Origin && OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
          BroadcastAssumed == O.BroadcastAssumed && ExpandCall == O.ExpandCall && Root == O.Root &&
          SliceDim == O.SliceDim && Lo == O.Lo && Hi == O.Hi;
 }
@@ -219,6 +219,8 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
   }
   if (R.Contig == TensorFact::No && A.Origin == B.Origin)
     R.Origin = A.Origin;
+  if (A.MinChunks == B.MinChunks)
+    R.MinChunks = A.MinChunks;
   // Expansion and storage are must-facts: kept only where both paths agree.
   if (A.Broadcast && B.Broadcast && A.ExpandCall == B.ExpandCall) {
     R.Broadcast = true;
@@ -333,6 +335,10 @@ TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, Sta
       return R;
     }
     [[fallthrough]];
+  case OO_Call:
+    if (isModuleCall(OC) && OC->getNumArgs() >= 2)
+      return moduleResult(OC, nullptr, OC->getArg(1), S);
+    [[fallthrough]];
   default:
     if (Name.empty())
       return Model.isTensorExpr(OC) ? assumedResult(OC) : unknownFact();
@@ -354,7 +360,14 @@ TensorFact LayoutAnalysis::Impl::evalCall(const CallExpr *Call, State &S) {
   if (!FD || !FD->getIdentifier())
     return Model.isTensorExpr(Call) ? assumedResult(Call) : unknownFact();
   llvm::StringRef Name = FD->getName();
-  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call)) {
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+  if (MC && isModuleForward(MC->getMethodDecl()) && Call->getNumArgs())
+    return moduleResult(Call, FD, Call->getArg(0), S);
+  if ((MC && !Model.isTensorExpr(MC->getImplicitObjectArgument())) ||
+      (!MC && !isTensorApi(FD) && !isStdMoveLike(Call)))
+    if (std::optional<TensorFact> R = calleeResult(Call, FD))
+      return *R;
+  if (MC) {
     if (!Model.isTensorExpr(MC->getImplicitObjectArgument()))
       return Model.isTensorExpr(Call) ? assumedResult(Call) : unknownFact();
     llvm::SmallVector<const Expr *, 4> Args(Call->arg_begin(), Call->arg_end());
@@ -402,6 +415,92 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
   if (!Op) // an op the table does not know allocates its result
     return freshContiguous(Call);
   return applyOp(C);
+}
+
+// A tensor returned by a function of the TU: what its body makes of inputs
+// taken with the defaults, when that says more than the defaults. Virtual
+// calls may reach another body.
+std::optional<TensorFact> LayoutAnalysis::Impl::calleeResult(const CallExpr *Call,
+                                                             const FunctionDecl *FD) {
+  const FunctionDecl *Def = FD->getDefinition();
+  const auto *MD = dyn_cast<CXXMethodDecl>(FD);
+  if (!Callees || !Def || !Model.isTensorExpr(Call) ||
+      (MD && MD->isVirtual() && !MD->hasAttr<FinalAttr>() &&
+       !MD->getParent()->hasAttr<FinalAttr>()))
+    return std::nullopt;
+  const LayoutAnalysis *L = Callees(Def);
+  if (!L || !L->returnFact())
+    return std::nullopt;
+  const TensorFact *R = &*L->returnFact();
+  bool Kind = (!R->DType.empty() && !R->DTypeAssumed) ||
+              (R->Device != TensorFact::AnyDevice && !R->DeviceAssumed);
+  if (!R->Sizes && R->Contig != TensorFact::No && R->SwapA < 0 && !Kind)
+    return std::nullopt;
+  return importFact(*R, Call, Def);
+}
+
+// A module's output (`m(x)`, `m->forward(x)`): what a forward of the TU
+// returns, on the device of its input, as every layer computes (a module
+// whose parameters are elsewhere throws).
+TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const FunctionDecl *FD,
+                                              const Expr *Input, State &S) {
+  if (!Model.isTensorExpr(Call))
+    return unknownFact();
+  std::optional<TensorFact> R = FD ? calleeResult(Call, FD) : std::nullopt;
+  TensorFact F = R ? *R : assumedResult(Call);
+  const Expr *T = Model.tensorOperand(Input);
+  if (!T || (F.Device != TensorFact::AnyDevice && !F.DeviceAssumed))
+    return F;
+  TensorFact In = evalTensor(T, S);
+  if (Recording)
+    Facts[T] = In;
+  F.Device = In.Device;
+  F.DeviceAssumed = In.DeviceAssumed;
+  F.DeviceRuntime = In.DeviceRuntime;
+  if (In.DeviceAssumed)
+    F.KindSource = In.KindSource;
+  return F;
+}
+
+// A callee's fact in this function: its symbols fresh for this call, its
+// storage unknown, its defaults named as the callee's.
+TensorFact LayoutAnalysis::Impl::importFact(const TensorFact &F, const CallExpr *Call,
+                                            const FunctionDecl *FD) {
+  TensorFact R = F;
+  auto Import = [&](const std::optional<Shape> &Sh) -> std::optional<Shape> {
+    if (!Sh)
+      return std::nullopt;
+    Shape Out;
+    for (const Mono &M : *Sh)
+      Out.push_back(ST.import(M, Call));
+    return Out;
+  };
+  R.Sizes = Import(F.Sizes);
+  R.Strides = Import(F.Strides);
+  std::string In = " in '" + FD->getNameAsString() + "'";
+  if (!R.AssumedSource.empty())
+    R.AssumedSource += In;
+  if (!R.KindSource.empty())
+    R.KindSource += In;
+  R.Src = Call;
+  R.Root = nullptr;
+  R.SliceDim = -1;
+  R.Lo = R.Hi = TensorFact::Bound();
+  R.Broadcast = R.BroadcastAssumed = false;
+  R.ExpandCall = nullptr;
+  return R;
+}
+
+void LayoutAnalysis::Impl::recordReturn(const ReturnStmt *RS, State &S) {
+  const Expr *V = RS->getRetValue();
+  if (!Recording || !V || !Model.isTensorExpr(V))
+    return;
+  TensorFact F = evalTensor(V, S);
+  for (std::optional<Shape> *Sh : {&F.Sizes, &F.Strides})
+    if (*Sh)
+      for (Mono &M : **Sh)
+        M = ST.norm(M);
+  Returned = Returned ? layout::join(*Returned, F) : F;
 }
 
 std::optional<Mono> LayoutAnalysis::Impl::evalSizeQuery(const Expr *E, State &S) {
@@ -630,6 +729,8 @@ void LayoutAnalysis::Impl::transfer(const Stmt *St, State &S) {
   }
   if (const auto *Call = dyn_cast<CallExpr>(St))
     transferCall(Call, S);
+  else if (const auto *RS = dyn_cast<ReturnStmt>(St))
+    recordReturn(RS, S);
 }
 
 // The tensor variable `x` of `x.name()` (looking through implicit nodes).
@@ -769,7 +870,9 @@ void LayoutAnalysis::Impl::recordWrite(const CallExpr *Call, State &S) {
 // Arguments bound to non-const references (or moved from) may change.
 void LayoutAnalysis::Impl::forgetWrittenArgs(const CallExpr *Call, State &S) {
   const FunctionDecl *FD = Call->getDirectCallee();
-  if (!FD)
+  // A module holder's call operator forwards (`Args&&`) to forward(), whose
+  // tensor parameters are inputs.
+  if (!FD || isModuleCall(Call))
     return;
   unsigned Shift = isa<CXXOperatorCallExpr>(Call) && isa<CXXMethodDecl>(FD) ? 1 : 0;
   for (unsigned I = Shift; I < Call->getNumArgs() && I - Shift < FD->getNumParams(); ++I) {
@@ -817,6 +920,8 @@ LayoutAnalysis::LayoutAnalysis(const TensorModel &Model, ASTContext &Ctx)
 LayoutAnalysis::~LayoutAnalysis() = default;
 
 void LayoutAnalysis::run(const FunctionDecl *FD) { P->run(FD); }
+void LayoutAnalysis::setCallees(CalleeFn F) { P->Callees = std::move(F); }
+const std::optional<TensorFact> &LayoutAnalysis::returnFact() const { return P->Returned; }
 
 const TensorFact *LayoutAnalysis::factOf(const Expr *E) const {
   auto It = P->Facts.find(E);

@@ -16,6 +16,7 @@
 #include "llvm/ADT/SmallVector.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,9 @@ struct TensorFact {
   int SwapA = -1, SwapB = -1;
   /// Unknown rank: dims known to have size 1 (bit i: dim i, from unsqueeze).
   std::uint32_t UnitDims = 0;
+  /// Unknown sizes: a view can merge no fewer runs of dims than this, at any
+  /// rank (the overlapping windows of `unfold`); 0 when not known.
+  int MinChunks = 0;
   /// Identity of the value the sizes of an unknown-rank tensor belong to.
   const void *Src = nullptr;
   /// The op that made it non-contiguous (for messages) and where.
@@ -128,8 +132,17 @@ public:
   LayoutAnalysis(const TensorModel &Model, ASTContext &Ctx);
   ~LayoutAnalysis();
 
+  /// The analysis of a callee defined in the TU, for the facts of what it
+  /// returns; null when unavailable (no body, a recursive call).
+  using CalleeFn = std::function<const LayoutAnalysis *(const FunctionDecl *)>;
+  void setCallees(CalleeFn F);
+
   /// Analyses the body of a function (or a lambda's call operator).
   void run(const FunctionDecl *FD);
+
+  /// The join of the facts of every tensor the function returns, sizes and
+  /// strides normalised (symbols of this analysis); none if it returns none.
+  const std::optional<TensorFact> &returnFact() const;
 
   /// The fact about a tensor expression that is the object (or first
   /// argument) of a recorded call, at that program point; null if unknown.

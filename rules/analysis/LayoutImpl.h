@@ -88,6 +88,8 @@ public:
   llvm::DenseMap<const Expr *, TensorFact> Facts;
   llvm::DenseMap<const CallExpr *, ViewQuery> Queries;
   llvm::DenseMap<const CallExpr *, ConversionQuery> Conversions;
+  LayoutAnalysis::CalleeFn Callees;
+  std::optional<TensorFact> Returned;
 
   std::optional<std::int64_t> argInt(const OpCall &C, size_t I) const {
     return layout::constInt(C.arg(I), Ctx);
@@ -105,6 +107,11 @@ public:
   TensorFact evalOp(const CallExpr *Call, llvm::StringRef Name, const Expr *SelfE,
                     llvm::ArrayRef<const Expr *> Args, State &S);
   Mono evalInt(const Expr *E, State &S);
+  std::optional<TensorFact> calleeResult(const CallExpr *Call, const FunctionDecl *FD);
+  TensorFact moduleResult(const CallExpr *Call, const FunctionDecl *FD, const Expr *Input,
+                          State &S);
+  TensorFact importFact(const TensorFact &F, const CallExpr *Call, const FunctionDecl *FD);
+  void recordReturn(const ReturnStmt *RS, State &S);
   std::optional<Mono> evalSizeQuery(const Expr *E, State &S);
   std::optional<ShapeArg> shapeArg(const Expr *E, State &S);
   std::optional<Shape> inferShape(const ShapeArg &A, const TensorFact &Self, const void *Key);
@@ -113,12 +120,14 @@ public:
   using Handler = TensorFact (Impl::*)(const OpCall &);
   TensorFact applyOp(const OpCall &C);
   TensorFact factory(const OpCall &C);
+  std::optional<Shape> sizesArg(const OpCall &C);
   TensorFact reshapeOp(const OpCall &C);
   TensorFact reshapeAsOp(const OpCall &C);
   TensorFact flattenOp(const OpCall &C);
   TensorFact contiguousOp(const OpCall &C);
   TensorFact transposeOp(const OpCall &C);
   TensorFact permuteOp(const OpCall &C);
+  TensorFact unfoldOp(const OpCall &C);
   TensorFact sliceOp(const OpCall &C);
   TensorFact squeezeOp(const OpCall &C);
   TensorFact expandOp(const OpCall &C);

@@ -20,6 +20,7 @@ TensorFact LayoutAnalysis::Impl::applyOp(const OpCall &C) {
                   .Case("contiguous", &Impl::contiguousOp)
                   .Cases("t", "transpose", &Impl::transposeOp)
                   .Case("permute", &Impl::permuteOp)
+                  .Case("unfold", &Impl::unfoldOp)
                   .Cases("select", "narrow", "slice", &Impl::sliceOp)
                   .Cases("unsqueeze", "squeeze", &Impl::squeezeOp)
                   .Cases("expand", "expand_as", "broadcast_to", &Impl::expandOp)
@@ -53,6 +54,14 @@ void LayoutAnalysis::Impl::trackStorage(const OpCall &C, TensorFact &R) const {
       llvm::is_contained({"to", "cpu", "cuda", "type", "type_as", "toType", "contiguous"}, C.Name);
   if (Converts && R.Root && R.Root == C.Self.Root)
     return;
+  if (!Shares && R.MinChunks) {
+    // A copy of overlapping windows is dense, laid out as TensorIterator picks.
+    R.MinChunks = 0;
+    if (R.Contig == TensorFact::No) {
+      R.Contig = TensorFact::Unknown;
+      R.Origin.clear();
+    }
+  }
   if (!Shares) {
     R.Root = St != sem::Storage::MayAlias || (Converts && R.Root == C.Call) ? C.Call : nullptr;
     R.SliceDim = -1;
@@ -170,6 +179,16 @@ static std::optional<Shape> arangeShape(llvm::ArrayRef<const Expr *> Args, const
   return Shape{Mono::constant((End - Start + Step - 1) / Step)};
 }
 
+// The sizes of `randint(low, high, {sizes})`: its IntArrayRef argument.
+std::optional<Shape> LayoutAnalysis::Impl::sizesArg(const OpCall &C) {
+  for (const Expr *A : C.Args)
+    if (!isa<CXXDefaultArgExpr>(A) &&
+        A->getType().getAsString().find("ArrayRef") != std::string::npos)
+      if (auto S = shapeArg(A, C.S); S && S->Infer < 0)
+        return S->Sizes;
+  return std::nullopt;
+}
+
 TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   TensorFact F = freshContiguous(C.Call);
   DTypeName DT;
@@ -186,6 +205,10 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
     Sz = arangeShape(C.Args, Ctx, Integral);
   } else if (C.Name == "linspace" && C.Args.size() >= 3) {
     Sz = Shape{evalInt(C.Args[2], C.S)};
+  } else if (C.Name == "randint" || C.Name == "randperm") {
+    Integral = true; // int64, as PyTorch makes them
+    Sz = C.Name == "randperm" && C.arg(0) ? std::optional<Shape>(Shape{evalInt(C.Args[0], C.S)})
+                                          : sizesArg(C);
   }
   // torch::tensor takes its dtype from the data.
   if (!DT.Size && C.Name != "tensor")
@@ -314,6 +337,8 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
     Q.Result = ViewQuery::Viewable;
   } else if (!In.Sizes && In.SwapA >= 0 && New) {
     Q.Result = decideUnknownRank(In, *New).value_or(ViewQuery::Unknown);
+  } else if (!In.Sizes && New && tooFewDimsForChunks(In.MinChunks, New->Sizes)) {
+    Q.Result = ViewQuery::NotViewable;
   }
   return Q;
 }
@@ -417,6 +442,41 @@ TensorFact LayoutAnalysis::Impl::transposeOp(const OpCall &C) {
   R.Assumed = true;
   R.SwapA = (int)std::min(*A, *B);
   R.SwapB = (int)std::max(*A, *B);
+  derived(R, Self, C);
+  return R;
+}
+
+// unfold(d, size, step) of a contiguous tensor: dim d becomes the windows
+// (stride * step) and a last dim of `size` (stride of d) is added. Windows
+// that are not back to back (step != size, generically) overlap or leave
+// gaps: not contiguous, and at any rank dims up to d, the windows and the
+// window elements are runs a view cannot merge.
+TensorFact LayoutAnalysis::Impl::unfoldOp(const OpCall &C) {
+  const TensorFact &Self = C.Self;
+  std::optional<std::int64_t> D = argInt(C, 0);
+  TensorFact R = unknownLike(Self);
+  if (!D || !C.arg(1) || !C.arg(2) || Self.Contig != TensorFact::Yes || Self.SwapA >= 0 ||
+      Self.UnitDims)
+    return R;
+  std::optional<std::int64_t> ND = D;
+  if (Self.Sizes)
+    ND = normDim(D, Self.Sizes->size());
+  bool Last = (Self.Sizes && ND && *ND + 1 == (std::int64_t)Self.Sizes->size()) || *D == -1;
+  Mono Size = evalInt(C.arg(1), C.S);
+  if (!ND || (*ND < 0 && !Last) || Size.isConst(1) ||
+      ST.eq(Size, evalInt(C.arg(2), C.S)) != Cmp::NE)
+    return R;
+  // Whether dims [From, To) hold a size > 1 (unknown sizes: generically).
+  auto Run = [&](std::int64_t From, std::int64_t To) {
+    for (std::int64_t I = From; I < To; ++I)
+      if (!Self.Sizes || !(*Self.Sizes)[I].isConst(1))
+        return true;
+    return false;
+  };
+  R.Contig = TensorFact::No;
+  R.Assumed = Self.Assumed;
+  R.AssumedSource = Self.AssumedSource;
+  R.MinChunks = Run(0, *ND) + 2 + (Self.Sizes && Run(*ND + 1, Self.Sizes->size()));
   derived(R, Self, C);
   return R;
 }
@@ -881,6 +941,8 @@ std::optional<Shape> LayoutAnalysis::Impl::broadcast(const Shape &A, const Shape
       R[I] = *Y;
     else if (!Y || Y->isConst(1) || ST.eq(*X, *Y) == Cmp::EQ)
       R[I] = *X;
+    else if (!X->isConst() || !Y->isConst())
+      R[I] = X->isConst() ? *X : *Y; // both > 1 (generic), so equal when the op runs
     else
       return std::nullopt;
   }

@@ -114,13 +114,55 @@ const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const 
   return Call;
 }
 
+void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out) {
+  if (!S || isa<LambdaExpr>(S))
+    return;
+  if (const auto *RS = dyn_cast<ReturnStmt>(S))
+    Out.push_back(RS);
+  for (const Stmt *C : S->children())
+    collectReturns(C, Out);
+}
+
+// The saving op whose result every return of Call's callee gives (a function
+// of the TU with one body to read: not virtual).
+SavedBy returnedSaver(const TensorModel &Model, const Expr *Def, CalleeGrads Callees,
+                      unsigned Depth) {
+  const auto *Call = dyn_cast_or_null<CallExpr>(Def ? viewRoot(Def, Model) : nullptr);
+  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+  FD = FD ? FD->getDefinition() : nullptr;
+  const auto *MD = dyn_cast_or_null<CXXMethodDecl>(FD);
+  if (!FD || Depth >= 2 || isTensorLibraryCode(FD) || (MD && MD->isVirtual()))
+    return {};
+  const GradFacts *G = Callees(FD);
+  llvm::SmallVector<const ReturnStmt *, 2> Returns;
+  collectReturns(FD->getBody(), Returns);
+  SavedBy Out;
+  for (const ReturnStmt *RS : Returns) {
+    const Expr *V = RS->getRetValue();
+    SavedBy One;
+    One.Op = G && V ? savesResult(*G, Model, V) : nullptr;
+    One.Result = One.Op != nullptr;
+    const auto *DRE = dyn_cast_or_null<DeclRefExpr>(V ? stripHandle(V) : nullptr);
+    if (!One.Op && G && DRE && isa<VarDecl>(DRE->getDecl()))
+      One = findSaver(*G, Model, DRE->getDecl(), RS, Callees, Depth + 1);
+    if (!One.Op)
+      return {};
+    if (!Out.Op)
+      Out = One;
+  }
+  Out.Via = Out.Op ? FD : nullptr;
+  return Out;
+}
+
 enum class Step { Continue, StopPath, Found };
 
 Step visitBack(const GradFacts &G, const TensorModel &Model, const ValueDecl *V, const Stmt *S,
-               SavedBy &Out) {
+               SavedBy &Out, CalleeGrads Callees, unsigned Depth) {
   if (std::optional<const Expr *> Def = definitionOf(S, V)) {
     Out.Op = savesResult(G, Model, *Def);
     Out.Result = Out.Op != nullptr;
+    if (!Out.Op && *Def && G.gradEnabledAt(*Def)) // else the callee's ops record nothing
+      Out = returnedSaver(Model, *Def, Callees, Depth);
     return Out.Op ? Step::Found : Step::StopPath;
   }
   if (const auto *E = dyn_cast<Expr>(S))
@@ -135,7 +177,7 @@ Step visitBack(const GradFacts &G, const TensorModel &Model, const ValueDecl *V,
 } // namespace
 
 SavedBy findSaver(const GradFacts &G, const TensorModel &Model, const ValueDecl *V,
-                  const Stmt *Write) {
+                  const Stmt *Write, CalleeGrads Callees, unsigned Depth) {
   auto [Start, Index] = G.position(Write);
   SavedBy Out;
   if (!Start)
@@ -147,7 +189,7 @@ SavedBy findSaver(const GradFacts &G, const TensorModel &Model, const ValueDecl 
     Step St = Step::Continue;
     for (unsigned I = End; I-- > 0 && St == Step::Continue;)
       if (auto CS = (*B)[I].getAs<CFGStmt>())
-        St = visitBack(G, Model, V, CS->getStmt(), Out);
+        St = visitBack(G, Model, V, CS->getStmt(), Out, Callees, Depth);
     if (St == Step::Found)
       return Out;
     if (St == Step::StopPath)

@@ -54,6 +54,19 @@ Mono SymTable::divSize(const Mono &A, const Mono &B, const void *Key) {
   return Q;
 }
 
+Mono SymTable::import(const Mono &M, const void *Key) {
+  if (M.Top)
+    return M;
+  Mono R = Mono::constant(M.Num);
+  R.Den = M.Den;
+  for (auto [S, E] : M.Pow) {
+    Mono F = sym(Key, S);
+    for (int I = 0; I < std::abs(E); ++I)
+      R = E > 0 ? mul(R, F) : div(R, F);
+  }
+  return R;
+}
+
 Mono SymTable::norm(const Mono &M) const {
   if (M.Top || Subst.empty())
     return M;

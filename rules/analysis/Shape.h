@@ -57,6 +57,9 @@ public:
   /// A / B when it is a size (a positive monomial), without refining.
   std::optional<Mono> exactQuotient(const Mono &A, const Mono &B) const;
   Mono norm(const Mono &M) const;
+  /// M, normalised in another table, with each of its symbols S replaced by
+  /// this table's symbol (Key, S): a callee's sizes as fresh caller symbols.
+  Mono import(const Mono &M, const void *Key);
   /// Equality: exact for constants, structural (generic) otherwise.
   Cmp eq(const Mono &A, const Mono &B) const;
   /// Order, assuming every symbol is > 1.

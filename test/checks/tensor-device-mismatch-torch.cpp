@@ -96,3 +96,33 @@ void copyIntoHost() {
   Tensor host = torch::empty({4});
   host.copy_(gpu);
 }
+
+// A module's output is on its input's device; randint makes CPU int64 tensors.
+double moduleOutputOnInputDevice(torch::nn::Linear &clf, int64_t n) {
+  clf->to(torch::kCUDA);
+  auto x = torch::randn({n, 16}).cuda();
+  auto pred = clf(x).argmax(1);
+  auto labels = torch::randint(0, 4, {n});
+  return pred.eq(labels).sum().item<double>();
+  // CHECK-MESSAGES: :[[@LINE-1]]:15: error: 'eq' combines the CPU tensor 'labels' with 'pred'
+}
+
+struct Head : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor &x) { return x.relu(); }
+};
+torch::Tensor userModuleOutput(Head &head, int64_t n) {
+  auto h = head.forward(torch::ones({n, 4}).to(torch::kCUDA));
+  return h + torch::randperm(n);
+  // CHECK-MESSAGES: :[[@LINE-1]]:12: error: '+' combines the CPU tensor 'torch::randperm(n)' with 'h'
+}
+
+void moduleOutputNegatives(torch::nn::Linear &clf, Head &head, const torch::Tensor &in, int64_t n) {
+  auto labels = torch::randint(0, 4, {n});
+  auto x = torch::randn({n, 16}).cuda();
+  auto onHost = clf(x).argmax(1).cpu();
+  onHost.eq(labels);                             // brought back to the host
+  clf(torch::randn({n, 16})).argmax(1).eq(labels); // both on the CPU
+  clf(in).argmax(1).eq(labels);                  // the input's device is not known
+  head.forward(in).eq(labels.cuda());            // nor here
+  clf(x).argmax(1).eq(labels.to(x.device()));    // moved to the input's device
+}

@@ -277,3 +277,48 @@ void noBackwardHere(Res &m, const Tensor &x) {
   auto y = torch::sigmoid(m.fc1(x));
   y.mul_(2);
 }
+
+// What a function of the TU returns: the result a saving op made in its body.
+struct Squash : torch::nn::Module {
+  Squash() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  torch::Tensor forward(const torch::Tensor &x) { return torch::tanh(fc(x)); }
+  torch::Tensor gated(const torch::Tensor &x) {
+    auto g = torch::sigmoid(fc(x));
+    return g;
+  }
+  torch::Tensor shifted(const torch::Tensor &x) { return fc(x) + 1; }
+  torch::Tensor frozen(const torch::Tensor &x) { return torch::tanh(fc(x)).detach(); }
+  torch::Tensor copied(const torch::Tensor &x) { return torch::tanh(fc(x)).clone(); }
+  torch::nn::Linear fc{nullptr};
+};
+
+void scaleReturned(Squash &m, const torch::Tensor &x) {
+  auto t = m.forward(x);
+  t.mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'mul_' on 't', which 'tanh' saved for backward (its result): backward() raises
+  t.sum().backward();
+}
+
+void scaleReturnedLocal(Squash &m, const torch::Tensor &x) {
+  auto g = m.gated(x);
+  g += 1;
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place '+=' on 'g', which 'sigmoid' saved for backward (its result)
+  g.sum().backward();
+}
+
+void returnedNegatives(Squash &m, const torch::Tensor &x) {
+  auto a = m.shifted(x);
+  a.mul_(2); // add saves nothing
+  auto b = m.frozen(x);
+  b.mul_(2); // detached in the callee
+  auto c = m.copied(x);
+  c.mul_(2); // a clone of what tanh saved
+  auto d = m.forward(x).detach();
+  d.mul_(2); // detached here
+  {
+    torch::NoGradGuard no_grad;
+    auto e = m.forward(x);
+    e.mul_(2); // grad mode off around the call
+  }
+  (a + b + c + d).sum().backward();
+}

@@ -58,3 +58,54 @@ void negatives(const torch::Tensor &x, torch::nn::Linear &l) {
   torch::softmax(x.transpose(1, 2), -1).reshape({x.size(0), -1}); // softmax allocates
   x.transpose(1, 2).relu().transpose(1, 2).reshape({-1});  // two transposes cancel? unknown rank: no claim
 }
+
+// What a helper of the TU returns: its body read with the defaults.
+torch::Tensor splitHeads(const torch::Tensor &t, int64_t nh, int64_t dh) {
+  return t.view({t.size(0), t.size(1), nh, dh}).transpose(1, 2);
+}
+torch::Tensor mergeAfterHelper(const torch::Tensor &x, int64_t nh, int64_t dh) {
+  auto q = splitHeads(x, nh, dh);
+  return q.reshape({x.size(0), -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming 't' in 'splitHeads' is contiguous, as nearly all tensors are)
+}
+torch::Tensor attentionMerge(const torch::Tensor &x, int64_t nh, int64_t dh) {
+  auto q = splitHeads(x, nh, dh), k = splitHeads(x * 2, nh, dh);
+  auto o = torch::matmul(torch::softmax(torch::matmul(q, k.transpose(2, 3)), -1), q);
+  return o.transpose(1, 2).reshape({x.size(0), x.size(1), nh * dh});
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+}
+// Overlapping windows (hop != frame length) cannot be merged by a view.
+torch::Tensor frameRows(const torch::Tensor &wave, int64_t frame, int64_t hop) {
+  return wave.unfold(1, frame, hop).reshape({wave.size(0), -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:37: warning: 'reshape' silently copies the non-contiguous result of 'unfold': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming 'wave' is contiguous, as nearly all tensors are)
+}
+torch::Tensor windowsOf(const torch::Tensor &wave, int64_t frame, int64_t hop) {
+  return wave.unfold(-1, frame, hop);
+}
+torch::Tensor flatWindows(const torch::Tensor &wave, int64_t frame, int64_t hop) {
+  return windowsOf(wave, frame, hop).flatten();
+  // CHECK-MESSAGES: :[[@LINE-1]]:38: warning: 'flatten' silently copies the non-contiguous result of 'unfold'
+}
+
+struct Base {
+  virtual ~Base() = default;
+  virtual torch::Tensor heads(const torch::Tensor &t) { return t.transpose(1, 2); }
+};
+torch::Tensor contiguousHelper(const torch::Tensor &t) { return t.transpose(1, 2).contiguous(); }
+torch::Tensor identityHelper(const torch::Tensor &t) { return t; }
+int64_t width(const torch::Tensor &t) { return t.size(1); }
+torch::Tensor recursive(const torch::Tensor &t, int n) {
+  return n ? recursive(t.transpose(0, 1), n - 1) : t;
+}
+
+void helperNegatives(const torch::Tensor &x, Base &b, int64_t frame) {
+  b.heads(x).reshape({x.size(0), -1});               // virtual: another body may run
+  contiguousHelper(x).reshape({x.size(0), -1});      // the helper made it contiguous
+  identityHelper(x.transpose(1, 2)).reshape({-1});   // the helper's input is not followed: no claim
+  recursive(x, 3).reshape({x.size(0), -1});          // a recursive helper: no claim
+  x.unfold(1, frame, frame).reshape({x.size(0), -1}); // back-to-back patches: may be a view
+  (x.unfold(1, frame, 2) * 2).reshape({x.size(0), -1}); // a fresh product of the windows
+  x.unfold(1, frame, 2).contiguous().view({x.size(0), -1}); // the explicit copy
+  x.unfold(1, frame, 2).reshape({x.size(0), x.size(1), -1, frame}); // keeps every run
+  splitHeads(x, 4, width(x) / 4).reshape({x.size(0), 4, x.size(1), -1}); // splits only
+}

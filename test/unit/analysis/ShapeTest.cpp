@@ -33,7 +33,7 @@ TEST(Shape, ContiguousStridesAndContiguity) {
   Shape Sz = consts({2, 3, 4});
   EXPECT_EQ(contiguousStrides(ST, Sz), consts({12, 4, 1}));
   EXPECT_EQ(contigOf(ST, Sz, consts({12, 4, 1})), Contig::Yes);
-  EXPECT_EQ(contigOf(ST, consts({3, 2}), consts({1, 3})), Contig::No); // randn(2,3).t()
+  EXPECT_EQ(contigOf(ST, consts({3, 2}), consts({1, 3})), Contig::No);  // randn(2,3).t()
   EXPECT_EQ(contigOf(ST, consts({1, 5}), consts({1, 1})), Contig::Yes); // size-1 dims ignored
   EXPECT_EQ(contigOf(ST, consts({0, 5}), consts({1, 7})), Contig::Yes); // empty
 }
@@ -89,4 +89,18 @@ TEST(Shape, Division) {
   EXPECT_EQ(S.ST.eq(S.ST.mul(NH, H), C), Cmp::EQ);
   EXPECT_FALSE(S.ST.exactQuotient(NH, C).has_value());
   EXPECT_EQ(S.ST.cmp(NH, S.ST.mul(NH, H)), Cmp::LT); // symbols > 1
+}
+
+TEST(Shape, ImportKeepsRelationsWithFreshSymbols) {
+  Syms Callee, Caller;
+  Mono A = Callee(1), B = Callee(2);
+  Mono Stride = Callee.ST.mul(A, B); // a stride made of two sizes
+  int Call1 = 0, Call2 = 0;
+  Mono IA = Caller.ST.import(A, &Call1), IB = Caller.ST.import(B, &Call1);
+  Mono IS = Caller.ST.import(Stride, &Call1);
+  EXPECT_EQ(Caller.ST.eq(Caller.ST.mul(IA, IB), IS), Cmp::EQ);
+  // Another call's sizes are other symbols, and none is a caller's own.
+  EXPECT_EQ(Caller.ST.eq(Caller.ST.import(A, &Call2), IA), Cmp::NE);
+  EXPECT_EQ(Caller.ST.eq(IA, Caller(1)), Cmp::NE);
+  EXPECT_EQ(Caller.ST.import(Mono::constant(6), &Call1), Mono::constant(6));
 }
