@@ -4,7 +4,7 @@
 --   open:<file>          open <file> (relative to TT_ROOT), print its diagnostics
 --   fix:<file>:<code>    ask for the quick fixes of <file>'s first <code> diagnostic,
 --                        apply the first, print the edited line and the new diagnostics
--- Prints one line per fact (DIAG/ACTION/LINE) on stdout; exits 1 on any error.
+-- Prints one line per fact (DIAG/NOTE/ACTION/LINE) on stdout; exits 1 on any error.
 local timeout = tonumber(os.getenv('TT_TIMEOUT_MS') or '120000')
 local root = assert(os.getenv('TT_ROOT'), 'TT_ROOT not set')
 local published = {} -- uri -> {version=, diagnostics=} of the last publishDiagnostics
@@ -42,14 +42,24 @@ local function diagnostics(bufnr)
 end
 
 local severities = { 'error', 'warning', 'info', 'hint' }
+local function where(file, range)
+  return string.format('%s:%d:%d-%d:%d', file, range.start.line + 1, range.start.character + 1,
+                       range['end'].line + 1, range['end'].character + 1)
+end
+
+-- DIAG <file>:<range> <severity> [<code>] <message>, then NOTE lines (notes
+-- arrive as relatedInformation: Neovim announces support for it).
 local function print_diagnostics(file, diags)
   table.sort(diags, function(a, b)
     return a.range.start.line < b.range.start.line
   end)
   for _, d in ipairs(diags) do
-    out(string.format('DIAG %s:%d:%d %s [%s] %s', file, d.range.start.line + 1,
-                      d.range.start.character + 1, severities[d.severity] or '?', tostring(d.code),
-                      d.message))
+    out(string.format('DIAG %s %s [%s] %s', where(file, d.range), severities[d.severity] or '?',
+                      tostring(d.code), d.message))
+    for _, r in ipairs(d.relatedInformation or {}) do
+      local path = vim.uri_to_fname(r.location.uri):sub(#root + 2)
+      out(string.format('NOTE %s %s', where(path, r.location.range), r.message))
+    end
   end
   out('END ' .. file)
 end

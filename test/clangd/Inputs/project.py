@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""project.py <src-dir> <dst> <flag>...: a fresh copy of <src-dir> at <dst>
-with a compile_commands.json compiling each .cpp with clang++-19 <flag>..."""
+"""project.py <dst> <src>... -- <flag>...: a fresh directory <dst> holding each
+<src> (a file, or a directory's contents), with a compile_commands.json that
+compiles every .cpp in it with clang++-19 -std=c++17 <flag>..."""
 import json
 import os
 import shutil
 import sys
 
-src, dst, flags = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3:]
+args = sys.argv[1:]
+split = args.index("--")
+dst, sources, flags = os.path.abspath(args[0]), args[1:split], args[split + 1:]
 shutil.rmtree(dst, ignore_errors=True)
-shutil.copytree(src, dst)
+os.makedirs(dst)
+for src in sources:
+    if os.path.isdir(src):
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    else:
+        shutil.copy(src, dst)
 entries = []
 for d, _, files in sorted(os.walk(dst)):
     for f in sorted(files):
