@@ -13,7 +13,6 @@ the preamble, so only main-file code is re-parsed and re-checked).
 --write replaces clangd/TensorFastChecks.inc (the table tensor-clangd compiles in).
 """
 import argparse
-import json
 import os
 import re
 import statistics
@@ -21,28 +20,10 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from clangd_common import ROOT, make_project
+
 TABLE = os.path.join(ROOT, "clangd", "TensorFastChecks.inc")
 FAST_THRESHOLD, SLOW_THRESHOLD = 8, 15  # percent, as clangd's TidyFastChecks.py
-
-
-def make_project(work, copies, torch=True):
-    """A one-file project: work/main.cpp and its compile_commands.json."""
-    code = open(os.path.join(ROOT, "bench", "analysis_inputs", "model_code.inc")).read()
-    if torch:
-        head, flags = "#include <torch/torch.h>\nnamespace T = torch;\n", [
-            "-isystem", "/usr/include/torch/csrc/api/include"]
-    else:
-        head, flags = '#include "tt/tt.h"\nnamespace T = tt;\n', [
-            "-I" + os.path.join(ROOT, "runtime", "include")]
-    body = "".join("namespace copy%d {\n%s}\n" % (i, code) for i in range(copies))
-    src = os.path.join(work, "main.cpp")
-    with open(src, "w") as f:
-        f.write(head + "#include <vector>\n" + body)
-    args = ["clang++-19", "-std=c++17"] + flags + ["-c", src]
-    with open(os.path.join(work, "compile_commands.json"), "w") as f:
-        json.dump([{"directory": work, "file": src, "arguments": args}], f)
-    return src, args
 
 
 def measure(clangd, src):

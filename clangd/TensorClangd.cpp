@@ -6,7 +6,10 @@
 //    the overhead measured in TensorFastChecks.inc;
 //  - provideDefaultChecks: tensor-* is on unless configuration turns it off;
 //  - provideClangTidyFiles: .tensor-tidy/.clang-tidy are read as the CLI does.
+// Diagnostics link to our check docs (DocLinks.h).
 #include "ConfigFiles.h"
+#include "DocLinks.h"
+#include "Docs.h"
 
 #include "ClangTidyOptions.h"
 #include "llvm/ADT/FunctionExtras.h"
@@ -83,4 +86,9 @@ TidyProvider provideClangTidyFiles(ThreadsafeFS &) {
 
 } // namespace tensor_clangd
 
-int main(int argc, char *argv[]) { return clang::clangd::clangdMain(argc, argv); }
+int main(int argc, char *argv[]) {
+  tensor_tidy::setExecutablePath(argv[0]); // the check docs are found beside it
+  // Static: also drained and restored when clangd calls exit() (--version does).
+  static tensor_clangd::DocLinkRewriter Links;
+  return clang::clangd::clangdMain(argc, argv);
+}

@@ -47,8 +47,9 @@ local function where(file, range)
                        range['end'].line + 1, range['end'].character + 1)
 end
 
--- DIAG <file>:<range> <severity> [<code>] <message>, then NOTE lines (notes
--- arrive as relatedInformation: Neovim announces support for it).
+-- DIAG <file>:<range> <severity> [<code>] <message>, then LINK <doc link>
+-- (codeDescription) and NOTE lines (notes arrive as relatedInformation:
+-- Neovim announces support for it).
 local function print_diagnostics(file, diags)
   table.sort(diags, function(a, b)
     return a.range.start.line < b.range.start.line
@@ -56,6 +57,11 @@ local function print_diagnostics(file, diags)
   for _, d in ipairs(diags) do
     out(string.format('DIAG %s %s [%s] %s', where(file, d.range), severities[d.severity] or '?',
                       tostring(d.code), d.message))
+    if d.codeDescription then
+      local href = d.codeDescription.href
+      local missing = href:match('^file://') and vim.fn.filereadable(vim.uri_to_fname(href)) == 0
+      out('LINK ' .. href .. (missing and ' (no such file)' or ''))
+    end
     for _, r in ipairs(d.relatedInformation or {}) do
       local path = vim.uri_to_fname(r.location.uri):sub(#root + 2)
       out(string.format('NOTE %s %s', where(path, r.location.range), r.message))
