@@ -13,9 +13,12 @@
 
 #include "ClangTidyOptions.h"
 #include "llvm/ADT/FunctionExtras.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/raw_ostream.h"
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace clang::clangd {
 int clangdMain(int argc, char *argv[]);
@@ -84,11 +87,25 @@ TidyProvider provideClangTidyFiles(ThreadsafeFS &) {
   };
 }
 
+/// argv with --resource-dir=<LLVM 19's> unless given: clangd derives it from
+/// its own path (<bin>/../lib/clang/19), which is Debian's clangd-19's place
+/// but not ours.
+std::vector<char *> withResourceDir(int argc, char *argv[]) {
+  static std::string Flag = "--resource-dir=" TT_CLANG_RESOURCE_DIR;
+  std::vector<char *> Args(argv, argv + argc);
+  bool Given = llvm::any_of(Args, [](llvm::StringRef A) { return A.contains("-resource-dir"); });
+  if (!Given)
+    Args.insert(Args.begin() + 1, Flag.data());
+  Args.push_back(nullptr);
+  return Args;
+}
+
 } // namespace tensor_clangd
 
 int main(int argc, char *argv[]) {
   tensor_tidy::setExecutablePath(argv[0]); // the check docs are found beside it
   // Static: also drained and restored when clangd calls exit() (--version does).
   static tensor_clangd::DocLinkRewriter Links;
-  return clang::clangd::clangdMain(argc, argv);
+  std::vector<char *> Args = tensor_clangd::withResourceDir(argc, argv);
+  return clang::clangd::clangdMain(Args.size() - 1, Args.data());
 }
