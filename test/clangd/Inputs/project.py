@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """project.py <dst> <src>... -- <flag>...: a fresh directory <dst> holding each
-<src> (a file, or a directory's contents), with a compile_commands.json that
-compiles every .cpp in it with clang++-19 -std=c++17 <flag>..."""
+<src> (a file, or a directory's contents; <file>@<subdir> puts a copy of the
+file in <dst>/<subdir>), with a compile_commands.json that compiles every .cpp
+in it with clang++-19 -std=c++17 <flag>..."""
 import json
 import os
 import shutil
@@ -13,10 +14,12 @@ dst, sources, flags = os.path.abspath(args[0]), args[1:split], args[split + 1:]
 shutil.rmtree(dst, ignore_errors=True)
 os.makedirs(dst)
 for src in sources:
+    src, _, subdir = src.partition("@")
     if os.path.isdir(src):
         shutil.copytree(src, dst, dirs_exist_ok=True)
     else:
-        shutil.copy(src, dst)
+        os.makedirs(os.path.join(dst, subdir), exist_ok=True)
+        shutil.copy(src, os.path.join(dst, subdir))
 entries = []
 for d, _, files in sorted(os.walk(dst)):
     for f in sorted(files):
