@@ -36,11 +36,9 @@ using clang::clangd::TidyProvider;
 using clang::clangd::TidyProviderRef;
 using clang::tidy::ClangTidyOptions;
 
+// TT_IS_FAST, TT_DEFAULT_CHECKS, TT_TIDY_FILES: the symbols, from CMake.
 #define TT_WRAP(SYM) asm("__wrap_" SYM)
 #define TT_REAL(SYM) asm("__real_" SYM)
-#define TT_IS_FAST "_ZN5clang6clangd15isFastTidyCheckEN4llvm9StringRefE"
-#define TT_DEFAULT_CHECKS "_ZN5clang6clangd20provideDefaultChecksEv"
-#define TT_TIDY_FILES "_ZN5clang6clangd21provideClangTidyFilesERNS0_12ThreadsafeFSE"
 
 std::optional<bool> realIsFastTidyCheck(llvm::StringRef Check) TT_REAL(TT_IS_FAST);
 TidyProviderRef realProvideDefaultChecks() TT_REAL(TT_DEFAULT_CHECKS);
@@ -56,6 +54,8 @@ std::optional<bool> isFastTidyCheck(llvm::StringRef Check) {
 #define FAST(CHECK, DELTA) {#CHECK, true},
 #define SLOW(CHECK, DELTA) {#CHECK, false},
 #include "TensorFastChecks.inc"
+#undef FAST
+#undef SLOW
   };
   if (auto It = Ours.find(Check); It != Ours.end())
     return It->second;
