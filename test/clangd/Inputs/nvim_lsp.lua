@@ -4,6 +4,7 @@
 --   open:<file>          open <file> (relative to TT_ROOT), print its diagnostics
 --   fix:<file>:<code>    ask for the quick fixes of <file>'s first <code> diagnostic,
 --                        apply the first, print the edited line and the new diagnostics
+--   hover:<file>:<l>:<c> print the first line of clangd's hover at line l, column c
 -- Prints one line per fact (DIAG/NOTE/ACTION/LINE) on stdout; exits 1 on any error.
 local timeout = tonumber(os.getenv('TT_TIMEOUT_MS') or '120000')
 local root = assert(os.getenv('TT_ROOT'), 'TT_ROOT not set')
@@ -103,6 +104,18 @@ local function fix(client, file, code)
   print_diagnostics(file, diagnostics(bufnr))
 end
 
+-- clangd's other features stay: one of them.
+local function hover(client, file, line, col)
+  local bufnr = assert(buffers[file], file .. ' is not open')
+  local reply = client.request_sync('textDocument/hover', {
+    textDocument = { uri = vim.uri_from_bufnr(bufnr) },
+    position = { line = line - 1, character = col - 1 },
+  }, timeout, bufnr)
+  assert(reply and not reply.err and reply.result, 'no hover')
+  local lines = vim.lsp.util.convert_input_to_markdown_lines(reply.result.contents)
+  out('HOVER ' .. (lines[1] or ''))
+end
+
 local function main()
   local client = start()
   for step in string.gmatch(os.getenv('TT_STEPS') or '', '[^;]+') do
@@ -112,6 +125,9 @@ local function main()
     elseif kind == 'fix' then
       local file, code = rest:match('^(.*):([%w-]+)$')
       fix(client, file, code)
+    elseif kind == 'hover' then
+      local file, line, col = rest:match('^(.*):(%d+):(%d+)$')
+      hover(client, file, tonumber(line), tonumber(col))
     else
       error('unknown step ' .. step)
     end
