@@ -65,7 +65,8 @@ def main():
         print("created", os.path.relpath(f, root))
     print("registered %s in rules/TensorTidyModule.cpp and rules/CMakeLists.txt" % a.check)
     print("next: emit a tensor::Finding next to each diag() and add the check's row to "
-          "tool/verify/Rules.cpp (--verify's evidence)")
+          "tool/verify/Rules.cpp (--verify's evidence); measure it for clangd with "
+          "bench/clangd_fast_checks.py --write (test/clangd/fast-checks-listed.test)")
 
 
 HEADER = """#pragma once

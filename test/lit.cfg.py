@@ -24,6 +24,7 @@ checker = os.path.join(config.tt_src_root, "test", "lit", "check_tensor_tidy.py"
 
 config.substitutions += [
     ("%tensor_tidy", os.path.join(config.tt_bin_dir, "tensor-tidy")),
+    ("%tensor_clangd", os.path.join(config.tt_bin_dir, "tensor-clangd")),
     ("%clang_tidy_plugin", "clang-tidy-19 --load=" + module),
     ("%tt_module", module),
     ("%tt_include", tt_include),
@@ -40,6 +41,10 @@ config.substitutions += [
 
 if config.have_tidy:
     config.available_features.add("tidy")
+if getattr(config, "have_clangd", False):
+    config.available_features.add("tensor-clangd")
+if shutil.which("nvim"):
+    config.available_features.add("nvim")
 if getattr(config, "have_trace", True):
     config.available_features.add("tt-trace")
 if config.torch_include_flags:

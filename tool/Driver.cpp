@@ -1,6 +1,7 @@
 #include "Driver.h"
 
 #include "Cache.h"
+#include "ConfigFiles.h"
 #include "Docs.h"
 #include "Paths.h"
 #include "Report.h"
@@ -17,7 +18,6 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/SHA1.h"
-#include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/Threading.h"
 #include "llvm/Support/VirtualFileSystem.h"
 #include "llvm/Support/raw_ostream.h"
@@ -38,33 +38,6 @@ namespace {
 
 /// Configuration problems found while reading .tensor-tidy/.clang-tidy files.
 using ConfigErrors = std::shared_ptr<std::vector<std::string>>;
-
-/// parseConfiguration, keeping the first YAML diagnostic as one line.
-llvm::ErrorOr<ClangTidyOptions> parseConfig(llvm::MemoryBufferRef Buf, std::string &Error) {
-  auto Parsed = parseConfigurationWithDiags(Buf, [&](const llvm::SMDiagnostic &D) {
-    if (!Error.empty())
-      return;
-    llvm::raw_string_ostream OS(Error);
-    OS << D.getFilename() << ":" << D.getLineNo() << ":" << D.getColumnNo() + 1 << ": "
-       << D.getMessage();
-  });
-  if (!Parsed && Error.empty())
-    Error = (Buf.getBufferIdentifier() + ": " + Parsed.getError().message()).str();
-  return Parsed;
-}
-
-/// FileOptionsProvider with our own config file names. The constructor that
-/// takes handlers leaves the file system unset in LLVM 19.
-class TensorTidyFileOptionsProvider : public FileOptionsProvider {
-public:
-  using FileOptionsProvider::ConfigFileHandlers;
-  TensorTidyFileOptionsProvider(ClangTidyOptions Default, ClangTidyOptions Override,
-                                ConfigFileHandlers Handlers)
-      : FileOptionsProvider(ClangTidyGlobalOptions(), std::move(Default), std::move(Override),
-                            std::move(Handlers)) {
-    FS = llvm::vfs::getRealFileSystem();
-  }
-};
 
 std::unique_ptr<ClangTidyOptionsProvider> makeProvider(const DriverOptions &Opts,
                                                        ConfigErrors Errors, std::string &Error) {
@@ -104,18 +77,8 @@ std::unique_ptr<ClangTidyOptionsProvider> makeProvider(const DriverOptions &Opts
                                                    std::move(*Parsed), std::move(Override));
   }
   // In each directory a .tensor-tidy file wins over a .clang-tidy file.
-  auto Handler = [Errors](llvm::MemoryBufferRef Buf) -> llvm::ErrorOr<ClangTidyOptions> {
-    std::string Msg;
-    auto Parsed = parseConfig(Buf, Msg);
-    if (Parsed)
-      return Parsed;
-    Errors->push_back("invalid configuration: " + Msg);
-    return ClangTidyOptions(); // reported by the driver; keeps the provider quiet
-  };
-  TensorTidyFileOptionsProvider::ConfigFileHandlers Handlers{{".tensor-tidy", Handler},
-                                                             {".clang-tidy", Handler}};
-  return std::make_unique<TensorTidyFileOptionsProvider>(std::move(Default), std::move(Override),
-                                                         std::move(Handlers));
+  return makeConfigFileProvider(std::move(Default), std::move(Override),
+                                [Errors](const std::string &Msg) { Errors->push_back(Msg); });
 }
 
 bool inCI() {
