@@ -175,6 +175,14 @@ void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint3
 void op(const char *name, std::initializer_list<const Tensor *> inputs, const Tensor &out);
 void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &outs);
 void error(const char *kind, const std::string &message);
+// Backward: a saved tensor's storage unpacked by the node being applied.
+void savedRead(const TensorImpl &t);
+// Backward: the node applied, the gradients it read and wrote (and the
+// saved tensors noted since the last node).
+void gradNode(const char *name, const std::vector<Tensor> &in, const std::vector<Tensor> &out);
+// Values read to the host (trace_schema::kRead*): item() passes the value;
+// data_ptr and printing digest t (once per storage version for data_ptr).
+void read(const char *kind, const TensorImpl &t, const double *value = nullptr);
 } // namespace trace
 
 } // namespace tt

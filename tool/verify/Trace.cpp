@@ -19,7 +19,8 @@ EventKind kindOf(StringRef Ev) {
       {ev::kStart, EventKind::Start}, {ev::kAlloc, EventKind::Alloc},
       {ev::kFree, EventKind::Free},   {ev::kCopy, EventKind::Copy},
       {ev::kWrite, EventKind::Write}, {ev::kOp, EventKind::Op},
-      {ev::kError, EventKind::Error}, {ev::kConvert, EventKind::Convert}};
+      {ev::kError, EventKind::Error}, {ev::kConvert, EventKind::Convert},
+      {ev::kGrad, EventKind::Grad},   {ev::kRead, EventKind::Read}};
   for (const auto &[Name, Kind] : Kinds)
     if (Ev == Name)
       return Kind;
@@ -36,6 +37,14 @@ int64_t firstOf(const json::Object &O, const char *Key) {
     if (!A->empty())
       return (*A)[0].getAsInteger().value_or(-1);
   return -1;
+}
+
+/// Every id of an array field, appended to Ids.
+void idsOf(const json::Object &O, const char *Key, std::vector<int64_t> &Ids) {
+  if (const json::Array *A = O.getArray(Key))
+    for (const json::Value &I : *A)
+      if (auto N = I.getAsInteger())
+        Ids.push_back(*N);
 }
 
 /// One row; schema 1 writers closed write/copy rows twice ("}}"): accept
@@ -92,15 +101,26 @@ void readFields(const json::Object &O, Event &E) {
     E.Op = str(O, key::kName);
     E.Out = firstOf(O, key::kOutputs);
     E.Tensor = firstOf(O, key::kOutputTensors);
-    if (const json::Array *In = O.getArray(key::kInputs))
-      for (const json::Value &I : *In)
-        if (auto N = I.getAsInteger())
-          E.Inputs.push_back(*N);
+    idsOf(O, key::kInputs, E.Inputs);
+    idsOf(O, key::kOutputs, E.Outs);
     E.GraphNodes = O.getInteger(key::kGraphNodes).value_or(-1);
     E.GraphBytes = O.getInteger(key::kGraphBytes).value_or(-1);
     break;
   case EventKind::Error:
     E.Message = str(O, key::kMessage);
+    break;
+  case EventKind::Grad: // a backward node: saved tensors and grads in -> grads out
+    E.Message = str(O, key::kName);
+    idsOf(O, key::kSaved, E.Inputs);
+    idsOf(O, key::kGradsIn, E.Inputs);
+    idsOf(O, key::kGradsOut, E.Outs);
+    E.Out = E.Outs.empty() ? -1 : E.Outs.front();
+    break;
+  case EventKind::Read:
+    E.Tensor = O.getInteger(key::kTensor).value_or(-1);
+    if (auto S = O.getInteger(key::kStorage))
+      E.Inputs.push_back(*S);
+    E.StdoutPos = O.getInteger(key::kStdoutPos).value_or(-1);
     break;
   case EventKind::Convert:
     E.Tensor = O.getInteger(key::kTensor).value_or(-1);
@@ -210,7 +230,16 @@ std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsig
     R.insert(I);
     if (E.Out >= 0)
       Tainted.insert(E.Out);
+    Tainted.insert(E.Outs.begin(), E.Outs.end());
   }
+  return R;
+}
+
+std::vector<const Event *> Trace::readsFeeding(int64_t Begin, int64_t End) const {
+  std::vector<const Event *> R;
+  for (const Event &E : Events)
+    if (E.Kind == EventKind::Read && E.StdoutPos >= Begin && E.StdoutPos < End)
+      R.push_back(&E);
   return R;
 }
 

@@ -16,7 +16,7 @@
 namespace tensor_tidy::verify {
 
 /// The event kinds of runtime/include/tt/trace_schema.h.
-enum class EventKind { Start, Alloc, Free, Copy, Write, Op, Error, Convert, Other };
+enum class EventKind { Start, Alloc, Free, Copy, Write, Op, Error, Convert, Grad, Read, Other };
 
 struct Event {
   std::size_t Index = 0;
@@ -24,9 +24,11 @@ struct Event {
   std::string Op;
   std::string File; // absolute
   unsigned Line = 0, Col = 0;
-  std::int64_t Out = -1;            // storage written or produced
+  std::int64_t Out = -1;            // storage written or produced (the first)
   std::int64_t Tensor = -1;         // tensor written or produced
-  std::vector<std::int64_t> Inputs; // storages read
+  std::vector<std::int64_t> Inputs; // storages read (grad: saved tensors and incoming grads)
+  std::vector<std::int64_t> Outs;   // every storage produced (op: outputs, grad: grads written)
+  std::int64_t StdoutPos = -1;      // read: stdout's offset when the values were read
   std::uint64_t Bytes = 0;
   std::string Device, SrcDevice; // alloc/free: the storage's; copy: destination's and source's
   bool Implicit = false;         // a copy the user did not ask for (reshape/flatten)
@@ -58,6 +60,9 @@ struct Trace {
   /// in-place write to it at File:Line (the write included).
   std::set<std::size_t> downstreamOf(std::int64_t Storage, llvm::StringRef File,
                                      unsigned Line) const;
+  /// The read events (item(), data_ptr, printing) whose values fed the
+  /// output bytes [Begin, End): those read while stdout stood in that range.
+  std::vector<const Event *> readsFeeding(std::int64_t Begin, std::int64_t End) const;
   /// Events with a value digest that both traces have at the same point: same
   /// file, same line (this trace's lines mapped through MapLine), same op, same
   /// occurrence.
