@@ -351,20 +351,34 @@ void Verifier::assignFix(Checked &F, Program &P) {
   }
 }
 
-// One fixed program per applied fix-it, judging its finding and the findings
+bool sameFix(const std::map<std::string, Replacements> &A,
+             const std::map<std::string, Replacements> &B) {
+  return std::equal(A.begin(), A.end(), B.begin(), B.end(), [](const auto &X, const auto &Y) {
+    return X.first == Y.first && std::equal(X.second.begin(), X.second.end(), Y.second.begin(),
+                                            Y.second.end());
+  });
+}
+
+// One fixed program per applied fix-it (findings that offer the same edit share one), judging its finding and the findings
 // without a fix-it of their own it also covers: the last applied fix-it of the
 // same check before them in the file (one clone where an alias is made covers
 // several writes). With more than one, a program with all of them too.
 void Verifier::group(Program &P) {
-  for (Checked *F : P.Findings)
-    if (F->FixApplied) {
-      auto V = std::make_unique<Variant>();
-      V->Reps = absoluteFix(*F);
-      V->Judged.push_back(F);
-      F->By = F;
-      F->Run = V.get();
-      P.Own.push_back(std::move(V));
+  for (Checked *F : P.Findings) {
+    if (!F->FixApplied)
+      continue;
+    F->By = F;
+    std::map<std::string, Replacements> Mine = absoluteFix(*F);
+    for (auto &V : P.Own)
+      if (sameFix(V->Reps, Mine)) // several findings offering one edit: one program
+        F->Run = V.get();
+    if (!F->Run) {
+      P.Own.push_back(std::make_unique<Variant>());
+      F->Run = P.Own.back().get();
+      F->Run->Reps = std::move(Mine);
     }
+    F->Run->Judged.push_back(F);
+  }
   for (Checked *F : P.Findings) {
     if (F->HasFix)
       continue;
@@ -690,9 +704,8 @@ bool describe(const Comparison &C, bool OrigFailed, std::vector<std::string> &Ev
     for (size_t I = 0; I < C.Unexplained.size() && I < 3; ++I)
       Ev.push_back("differs, not computed from the hazard's write: " + C.Unexplained[I]);
     if (Output)
-      Ev.push_back("program output differs, not printed from a value computed from the hazard's "
-                   "write: " +
-                   C.OutputUnexplained.front());
+      Ev.push_back("program output differs: " + C.OutputUnexplained.front() +
+                   " (no value read to print it was computed from the hazard's write)");
     return false;
   }
   size_t Lines = C.OutputExplained.size();
