@@ -71,7 +71,8 @@ void compareOutput(const Trace &Orig, StringRef OrigOut, StringRef FixedOut, con
     std::string D = squeeze(X) + " became " + squeeze(Y);
     const Event *R = I < A.size() ? explainingRead(Orig, A[I], P, Tainted) : nullptr;
     if (R)
-      C.OutputExplained.push_back(D + " (" + (R->File.empty() ? R->Op : at(*R)) + ")");
+      C.OutputExplained.push_back(D + " (" + (R->File.empty() ? R->Message + " read" : at(*R)) +
+                                  ")");
     else
       C.OutputUnexplained.push_back(D);
   }

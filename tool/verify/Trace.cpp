@@ -3,6 +3,7 @@
 #include "../Paths.h"
 #include "tt/trace_schema.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
@@ -121,6 +122,7 @@ void readFields(const json::Object &O, Event &E) {
     if (auto S = O.getInteger(key::kStorage))
       E.Inputs.push_back(*S);
     E.StdoutPos = O.getInteger(key::kStdoutPos).value_or(-1);
+    E.Message = str(O, key::kKind);
     break;
   case EventKind::Convert:
     E.Tensor = O.getInteger(key::kTensor).value_or(-1);
@@ -187,7 +189,41 @@ Trace Trace::parse(StringRef Text, StringRef Dir) {
       T.ByLine[{E.File, E.Line}].push_back(E.Index);
     T.Events.push_back(std::move(E));
   }
+  T.linkWrites();
+  T.spanReads();
   return T;
+}
+
+// An in-place write is traced before the op (or backward node) that made it,
+// which lists what it read: the write reads that too.
+void Trace::linkWrites() {
+  for (Event &E : Events) {
+    if ((E.Kind != EventKind::Op && E.Kind != EventKind::Grad) || E.Inputs.empty())
+      continue;
+    for (size_t Back = 1; Back <= 4 && Back <= E.Index; ++Back) {
+      Event &W = Events[E.Index - Back];
+      if (W.Kind == EventKind::Op || W.Kind == EventKind::Grad)
+        break;
+      if (W.Kind == EventKind::Write && llvm::is_contained(E.Outs, W.Out))
+        W.Inputs.insert(W.Inputs.end(), E.Inputs.begin(), E.Inputs.end());
+    }
+  }
+}
+
+// A data_ptr read feeds the lines printed until the next read (the pointer is
+// dereferenced later); item() and printing the line they were read in.
+void Trace::spanReads() {
+  Event *Prev = nullptr;
+  for (Event &E : Events) {
+    if (E.Kind != EventKind::Read || E.StdoutPos < 0)
+      continue;
+    E.FeedsUntil = E.StdoutPos + 1;
+    if (Prev && Prev->Message == tt::trace_schema::kReadDataPtr)
+      Prev->FeedsUntil = std::max(Prev->FeedsUntil, E.StdoutPos);
+    Prev = &E;
+  }
+  if (Prev && Prev->Message == tt::trace_schema::kReadDataPtr)
+    Prev->FeedsUntil = INT64_MAX;
 }
 
 std::vector<const Event *> Trace::at(StringRef File, unsigned Line) const {
@@ -222,7 +258,8 @@ std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsig
         Tainted.erase(E.Out); // a storage id is not reused, but stay safe
       continue;
     }
-    bool Reads = I == Start || E.Out == Storage;
+    bool Reads =
+        I == Start || E.Out == Storage || (E.Kind == EventKind::Write && Tainted.count(E.Out));
     for (int64_t In : E.Inputs)
       Reads |= Tainted.count(In) > 0;
     if (!Reads)
@@ -238,7 +275,7 @@ std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsig
 std::vector<const Event *> Trace::readsFeeding(int64_t Begin, int64_t End) const {
   std::vector<const Event *> R;
   for (const Event &E : Events)
-    if (E.Kind == EventKind::Read && E.StdoutPos >= Begin && E.StdoutPos < End)
+    if (E.Kind == EventKind::Read && E.StdoutPos >= 0 && E.StdoutPos < End && E.FeedsUntil > Begin)
       R.push_back(&E);
   return R;
 }

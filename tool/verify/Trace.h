@@ -29,6 +29,7 @@ struct Event {
   std::vector<std::int64_t> Inputs; // storages read (grad: saved tensors and incoming grads)
   std::vector<std::int64_t> Outs;   // every storage produced (op: outputs, grad: grads written)
   std::int64_t StdoutPos = -1;      // read: stdout's offset when the values were read
+  std::int64_t FeedsUntil = -1;     // read: the output offsets [StdoutPos, FeedsUntil) it feeds
   std::uint64_t Bytes = 0;
   std::string Device, SrcDevice; // alloc/free: the storage's; copy: destination's and source's
   bool Implicit = false;         // a copy the user did not ask for (reshape/flatten)
@@ -37,7 +38,7 @@ struct Event {
   std::optional<double> SumBefore, SumAfter, Sum;
   /// op: the autograd graph alive after it (-1 when the trace has no count).
   std::int64_t GraphNodes = -1, GraphBytes = -1;
-  std::string Message;
+  std::string Message; // error: the message; grad: the node; read: the kind
   // convert: the dtypes (runtime names), elements, and how many changed (-1: not compared)
   std::string FromDType, ToDType;
   std::int64_t Numel = 0, Changed = -1;
@@ -55,6 +56,8 @@ struct Trace {
   /// The same from the trace's text (JSON Lines).
   static Trace parse(llvm::StringRef Text, llvm::StringRef Dir);
   std::vector<const Event *> at(llvm::StringRef File, unsigned Line) const;
+  void linkWrites();
+  void spanReads();
   const Event *errorAt(llvm::StringRef File, unsigned Line) const;
   /// Events computed, directly or through other ops, from Storage after the
   /// in-place write to it at File:Line (the write included).

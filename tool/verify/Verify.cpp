@@ -354,15 +354,15 @@ void Verifier::assignFix(Checked &F, Program &P) {
 bool sameFix(const std::map<std::string, Replacements> &A,
              const std::map<std::string, Replacements> &B) {
   return std::equal(A.begin(), A.end(), B.begin(), B.end(), [](const auto &X, const auto &Y) {
-    return X.first == Y.first && std::equal(X.second.begin(), X.second.end(), Y.second.begin(),
-                                            Y.second.end());
+    return X.first == Y.first &&
+           std::equal(X.second.begin(), X.second.end(), Y.second.begin(), Y.second.end());
   });
 }
 
-// One fixed program per applied fix-it (findings that offer the same edit share one), judging its finding and the findings
-// without a fix-it of their own it also covers: the last applied fix-it of the
-// same check before them in the file (one clone where an alias is made covers
-// several writes). With more than one, a program with all of them too.
+// One fixed program per applied fix-it (findings that offer the same edit share one), judging its
+// finding and the findings without a fix-it of their own it also covers: the last applied fix-it of
+// the same check before them in the file (one clone where an alias is made covers several writes).
+// With more than one, a program with all of them too.
 void Verifier::group(Program &P) {
   for (Checked *F : P.Findings) {
     if (!F->FixApplied)
