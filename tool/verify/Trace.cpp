@@ -243,15 +243,14 @@ const Event *Trace::errorAt(StringRef File, unsigned Line) const {
 }
 
 std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsigned Line) const {
-  std::set<std::size_t> R;
-  std::size_t Start = Events.size();
+  // Every run of the write at the line: in a loop each writes a fresh storage.
+  std::set<std::size_t> Writes;
   for (const Event *E : at(File, Line))
-    if (E->Kind == EventKind::Write && E->Out == Storage) {
-      Start = E->Index;
-      break;
-    }
+    if (E->Kind == EventKind::Write)
+      Writes.insert(E->Index);
+  std::set<std::size_t> R;
   std::set<int64_t> Tainted{Storage};
-  for (std::size_t I = Start; I < Events.size(); ++I) {
+  for (std::size_t I = Writes.empty() ? Events.size() : *Writes.begin(); I < Events.size(); ++I) {
     const Event &E = Events[I];
     if (E.Kind == EventKind::Free || E.Kind == EventKind::Alloc) {
       if (E.Kind == EventKind::Free)
@@ -259,7 +258,7 @@ std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsig
       continue;
     }
     bool Reads =
-        I == Start || E.Out == Storage || (E.Kind == EventKind::Write && Tainted.count(E.Out));
+        Writes.count(I) || E.Out == Storage || (E.Kind == EventKind::Write && Tainted.count(E.Out));
     for (int64_t In : E.Inputs)
       Reads |= Tainted.count(In) > 0;
     if (!Reads)
