@@ -370,6 +370,8 @@ void runBackward(const Tensor &root, const Tensor &grad, bool retain_graph) {
     for (const Tensor &t : in)
       any = any || t.defined();
     std::vector<Tensor> out;
+    if (any && trace::on())
+      trace::beginNode(); // saved tensors a failed node unpacked are not this one's
     if (any)
       out = n->apply(in);
     if (any && trace::on())

@@ -175,7 +175,8 @@ void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint3
 void op(const char *name, std::initializer_list<const Tensor *> inputs, const Tensor &out);
 void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &outs);
 void error(const char *kind, const std::string &message);
-// Backward: a saved tensor's storage unpacked by the node being applied.
+// Backward: a node is about to be applied; a saved tensor's storage it unpacked.
+void beginNode();
 void savedRead(const TensorImpl &t);
 // Backward: the node applied, the gradients it read and wrote (and the
 // saved tensors noted since the last node).
