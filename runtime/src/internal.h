@@ -173,6 +173,8 @@ void convert(const TensorImpl &src, const TensorImpl &dst);
 void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after, long handles = 0);
 // One op: its inputs' storages -> its result's storage, with the table's kind.
 void op(const char *name, std::initializer_list<const Tensor *> inputs, const Tensor &out);
+// An op over a list of tensors (cat): every one is an input.
+void opList(const char *name, TensorList inputs, const Tensor &out);
 void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &outs);
 void error(const char *kind, const std::string &message);
 // Backward: a node is about to be applied; a saved tensor's storage it unpacked.

@@ -294,7 +294,7 @@ void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint3
 }
 
 namespace {
-void opLine(const char *name, std::initializer_list<const Tensor *> inputs, const std::vector<const Tensor *> &outs) {
+void opLine(const char *name, const std::vector<const Tensor *> &inputs, const std::vector<const Tensor *> &outs) {
   if (t_depth > 1)
     return; // only the user's call, not the ops it runs internally
   std::string s = head(ev::kOp);
@@ -363,6 +363,13 @@ void opLine(const char *name, std::initializer_list<const Tensor *> inputs, cons
 
 void op(const char *name, std::initializer_list<const Tensor *> inputs, const Tensor &out) {
   opLine(name, inputs, {&out});
+}
+
+void opList(const char *name, TensorList inputs, const Tensor &out) {
+  std::vector<const Tensor *> ps;
+  for (const Tensor &t : inputs)
+    ps.push_back(&t);
+  opLine(name, ps, {&out});
 }
 
 void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &outs) {
@@ -455,6 +462,7 @@ void copy(CopyKind, const TensorImpl &, const TensorImpl &) {}
 void convert(const TensorImpl &, const TensorImpl &) {}
 void write(const char *, const TensorImpl &, std::uint32_t, std::uint32_t, long) {}
 void op(const char *, std::initializer_list<const Tensor *>, const Tensor &) {}
+void opList(const char *, TensorList, const Tensor &) {}
 void opMulti(const char *, const Tensor &, const std::vector<Tensor> &) {}
 void error(const char *, const std::string &) {}
 void beginNode() {}
