@@ -187,6 +187,8 @@ Trace Trace::parse(StringRef Text, StringRef Dir) {
     }
     if (!E.File.empty())
       T.ByLine[{E.File, E.Line}].push_back(E.Index);
+    if (E.Kind == EventKind::Read)
+      T.Reads.push_back(E.Index);
     T.Events.push_back(std::move(E));
   }
   T.linkWrites();
@@ -214,8 +216,9 @@ void Trace::linkWrites() {
 // dereferenced later); item() and printing the line they were read in.
 void Trace::spanReads() {
   Event *Prev = nullptr;
-  for (Event &E : Events) {
-    if (E.Kind != EventKind::Read || E.StdoutPos < 0)
+  for (std::size_t I : Reads) {
+    Event &E = Events[I];
+    if (E.StdoutPos < 0)
       continue;
     E.FeedsUntil = E.StdoutPos + 1;
     if (Prev && Prev->Message == tt::trace_schema::kReadDataPtr)
@@ -273,8 +276,8 @@ std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsig
 
 std::vector<const Event *> Trace::readsFeeding(int64_t Begin, int64_t End) const {
   std::vector<const Event *> R;
-  for (const Event &E : Events)
-    if (E.Kind == EventKind::Read && E.StdoutPos >= 0 && E.StdoutPos < End && E.FeedsUntil > Begin)
+  for (std::size_t I : Reads)
+    if (const Event &E = Events[I]; E.StdoutPos >= 0 && E.StdoutPos < End && E.FeedsUntil > Begin)
       R.push_back(&E);
   return R;
 }

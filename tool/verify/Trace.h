@@ -49,7 +49,8 @@ struct Trace {
   std::vector<Event> Events;
   std::uint64_t PeakBytes = 0; // the most bytes allocated at once (alloc minus free)
   std::map<std::pair<std::string, unsigned>, std::vector<std::size_t>> ByLine;
-  bool UsedCuda = false; // some storage lived on a CUDA device
+  bool UsedCuda = false;          // some storage lived on a CUDA device
+  std::vector<std::size_t> Reads; // the read events, in order
 
   /// Relative file names in the trace are resolved against Dir (the compile directory).
   static Trace load(llvm::StringRef Path, llvm::StringRef Dir);
