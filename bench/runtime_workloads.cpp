@@ -44,6 +44,18 @@ void mulRun(void *p) { Tensor r = st(p)->a.mul(st(p)->b); }
 template <std::int64_t N> void *matSetup() { return new State{filled({N, N}), filled({N, N})}; }
 void matmulRun(void *p) { Tensor r = st(p)->a.matmul(st(p)->b); }
 
+// Autograd: a small two-layer forward and backward (the engine's per-node
+// bookkeeping dominates), and reading one value to the host.
+void *mlpSetup() {
+  return new State{filled({64, 64}), filled({64, 64}).mul(0.01).requires_grad_()};
+}
+void mlpRun(void *p) {
+  Tensor loss = st(p)->a.mm(st(p)->b).relu().mm(st(p)->b).pow(2).mean();
+  loss.backward();
+}
+void *scalarSetup() { return new State{filled({16}), {}}; }
+void itemRun(void *p) { volatile float v = st(p)->a.sum().item<float>(); }
+
 void teardown(void *p) { delete st(p); }
 
 constexpr double kMiB = 1 << 20;
@@ -65,6 +77,8 @@ const BenchWorkload kWorkloads[] = {
     {"matmul/256", matSetup<256>, matmulRun, teardown, 3.0 * 256 * 256 * 4},
     {"matmul/512", matSetup<512>, matmulRun, teardown, 3.0 * 512 * 512 * 4},
     {"matmul/1024", matSetup<1024>, matmulRun, teardown, 3.0 * 1024 * 1024 * 4},
+    {"backward/mlp64", mlpSetup, mlpRun, teardown, 12.0 * 64 * 64 * 4},
+    {"item/sum16", scalarSetup, itemRun, teardown, 16.0 * 4},
 };
 
 } // namespace

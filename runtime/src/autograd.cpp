@@ -262,6 +262,8 @@ Tensor SavedVariable::unpack(const FunctionNode *) const {
       trace::error("autograd", msg);
     throw Error(msg);
   }
+  if (trace::on())
+    trace::savedRead(*data_.unsafeGetTensorImpl());
   return data_;
 }
 
@@ -295,6 +297,18 @@ std::vector<Tensor> LambdaNode::apply(std::vector<Tensor> grads) {
 }
 
 // --- engine ---------------------------------------------------------------------------------------
+namespace {
+// The node's data flow for tensor-tidy --verify: grads and saved tensors read,
+// grads written (a leaf's accumulated .grad included).
+void traceNode(FunctionNode &n, const std::vector<Tensor> &in, std::vector<Tensor> out,
+               const std::vector<Tensor> &written) {
+  out.insert(out.end(), written.begin(), written.end());
+  if (auto *acc = dynamic_cast<AccumulateGrad *>(&n))
+    out.push_back(meta(Tensor(acc->variable)).grad);
+  trace::gradNode(n.name().c_str(), in, out);
+}
+} // namespace
+
 void runBackward(const Tensor &root, const Tensor &grad, bool retain_graph) {
   Edge e = gradientEdge(root);
   if (!e.valid())
@@ -327,10 +341,14 @@ void runBackward(const Tensor &root, const Tensor &grad, bool retain_graph) {
       buf.resize(std::max<std::size_t>(n->num_outputs(), slot + 1));
     if (buf.size() <= slot)
       buf.resize(slot + 1);
-    if (!buf[slot].defined())
+    if (!buf[slot].defined()) {
       buf[slot] = g;
-    else
-      buf[slot] = buf[slot] + g;
+      return;
+    }
+    Tensor sum = buf[slot] + g;
+    if (trace::on()) // two paths' gradients summed: the sum reads both
+      trace::gradNode("InputBuffer::accumulate", {buf[slot], g}, {sum});
+    buf[slot] = sum;
   };
   addTo(e.fn.get(), e.input_nr, grad);
   std::vector<FunctionNode *> ready{e.fn.get()};
@@ -341,17 +359,23 @@ void runBackward(const Tensor &root, const Tensor &grad, bool retain_graph) {
     buffers.erase(n);
     if (in.size() < n->num_outputs())
       in.resize(n->num_outputs());
+    std::vector<Tensor> written; // .grad tensors this node set, for the trace
     for (auto &[impl, nr] : n->retained)
       if (auto sp = impl.lock(); sp && nr < in.size() && in[nr].defined()) {
         AutogradMeta &m = meta(Tensor(sp));
         m.grad = m.grad.defined() ? m.grad + in[nr] : in[nr].clone();
+        written.push_back(m.grad);
       }
     bool any = false;
     for (const Tensor &t : in)
       any = any || t.defined();
     std::vector<Tensor> out;
+    if (any && trace::on())
+      trace::beginNode(); // saved tensors a failed node unpacked are not this one's
     if (any)
       out = n->apply(in);
+    if (any && trace::on())
+      traceNode(*n, in, out, written);
     if (!retain_graph)
       n->release();
     for (std::size_t i = 0; i < n->next.size(); ++i) {

@@ -173,8 +173,19 @@ void convert(const TensorImpl &src, const TensorImpl &dst);
 void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint32_t after, long handles = 0);
 // One op: its inputs' storages -> its result's storage, with the table's kind.
 void op(const char *name, std::initializer_list<const Tensor *> inputs, const Tensor &out);
+// An op over a list of tensors (cat): every one is an input.
+void opList(const char *name, TensorList inputs, const Tensor &out);
 void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &outs);
 void error(const char *kind, const std::string &message);
+// Backward: a node is about to be applied; a saved tensor's storage it unpacked.
+void beginNode();
+void savedRead(const TensorImpl &t);
+// Backward: the node applied, the gradients it read and wrote (and the
+// saved tensors noted since the last node).
+void gradNode(const char *name, const std::vector<Tensor> &in, const std::vector<Tensor> &out);
+// Values read to the host (trace_schema::kRead*): item() passes the value;
+// data_ptr and printing digest t (once per storage version for data_ptr).
+void read(const char *kind, const TensorImpl &t, const double *value = nullptr);
 } // namespace trace
 
 } // namespace tt

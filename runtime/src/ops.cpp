@@ -1304,7 +1304,7 @@ Tensor cat(TensorList tensors, std::int64_t dim, SourceLocation loc) {
     autograd::meta(out).grad_fn = fn;
   }
   if (trace::on())
-    trace::op("cat", {&tensors[0]}, out);
+    trace::opList("cat", tensors, out);
   return out;
 }
 

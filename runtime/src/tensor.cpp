@@ -2,6 +2,7 @@
 // geometry helpers (broadcasting, result strides, PyTorch's computeStride).
 #include "autograd.h"
 #include "internal.h"
+#include "tt/trace_schema.h"
 
 #include <algorithm>
 #include <cmath>
@@ -464,24 +465,24 @@ std::uint32_t Tensor::_version() const { return impl().version->version.load(std
 bool Tensor::is_view() const { return impl().base != nullptr; }
 Tensor Tensor::_base() const { return impl().base ? Tensor(impl().base) : Tensor(); }
 
-void *Tensor::data_ptr() const { return impl().data(); }
+void *Tensor::data_ptr() const {
+  if (trace::on())
+    trace::read(trace_schema::kReadDataPtr, impl());
+  return impl().data();
+}
 
 template <typename T> T *Tensor::data_ptr() const {
   if (dtype() != ScalarTypeOf<T>::value)
     fail(std::string("expected scalar type ") + tt::toString(ScalarTypeOf<T>::value) + " but found " +
          tt::toString(dtype()));
+  if (trace::on())
+    trace::read(trace_schema::kReadDataPtr, impl());
   return reinterpret_cast<T *>(impl().data());
 }
 
-Scalar Tensor::item(SourceLocation loc) const {
-  trace::Scope scope("item", loc);
-  if (numel() != 1) {
-    std::ostringstream os;
-    os << "a Tensor with " << numel() << " elements cannot be converted to Scalar";
-    fail(os.str());
-  }
-  Tensor host = is_cpu() ? *this : to(kCPU);
-  switch (dtype()) {
+namespace {
+Scalar hostScalar(const Tensor &host) {
+  switch (host.dtype()) {
   case kFloat: return *host.data_ptr<float>();
   case kDouble: return *host.data_ptr<double>();
   case kHalf: return float(*host.data_ptr<Half>());
@@ -491,6 +492,22 @@ Scalar Tensor::item(SourceLocation loc) const {
   case kBool: return *host.data_ptr<bool>();
   }
   return Scalar();
+}
+} // namespace
+
+Scalar Tensor::item(SourceLocation loc) const {
+  trace::Scope scope("item", loc);
+  if (numel() != 1) {
+    std::ostringstream os;
+    os << "a Tensor with " << numel() << " elements cannot be converted to Scalar";
+    fail(os.str());
+  }
+  Scalar v = hostScalar(is_cpu() ? *this : to(kCPU));
+  if (trace::on()) { // the value a printed line may show (tensor-tidy --verify)
+    double d = v.to<double>();
+    trace::read(trace_schema::kReadItem, impl(), &d);
+  }
+  return v;
 }
 
 template <typename T> T Tensor::item(SourceLocation loc) const { return item(loc).to<T>(); }
@@ -812,6 +829,8 @@ std::ostream &operator<<(std::ostream &os, const Tensor &t) {
   trace::Scope scope("print", SourceLocation{}); // its internal copies have no user location
   if (!t.defined())
     return os << "[ Tensor (undefined) ]";
+  if (trace::on())
+    trace::read(trace_schema::kReadPrint, *t.unsafeGetTensorImpl());
   Tensor h = t.is_cpu() ? t : t.to(kCPU);
   Tensor d = h.to(kDouble).contiguous();
   const double *p = d.data_ptr<double>();

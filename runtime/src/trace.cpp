@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 namespace tt::trace {
 
@@ -293,7 +294,7 @@ void write(const char *op, const TensorImpl &t, std::uint32_t before, std::uint3
 }
 
 namespace {
-void opLine(const char *name, std::initializer_list<const Tensor *> inputs, const std::vector<const Tensor *> &outs) {
+void opLine(const char *name, const std::vector<const Tensor *> &inputs, const std::vector<const Tensor *> &outs) {
   if (t_depth > 1)
     return; // only the user's call, not the ops it runs internally
   std::string s = head(ev::kOp);
@@ -364,6 +365,13 @@ void op(const char *name, std::initializer_list<const Tensor *> inputs, const Te
   opLine(name, inputs, {&out});
 }
 
+void opList(const char *name, TensorList inputs, const Tensor &out) {
+  std::vector<const Tensor *> ps;
+  for (const Tensor &t : inputs)
+    ps.push_back(&t);
+  opLine(name, ps, {&out});
+}
+
 void opMulti(const char *name, const Tensor &input, const std::vector<Tensor> &outs) {
   std::vector<const Tensor *> ps;
   for (const Tensor &t : outs)
@@ -377,6 +385,65 @@ void error(const char *kind, const std::string &message) {
   jsonString(s, kind);
   field(s, key::kMessage);
   jsonString(s, message.c_str());
+  s += "}";
+  emit(s);
+}
+
+namespace {
+thread_local std::vector<std::int64_t> t_saved; // saved storages the current node unpacked
+
+void storageIds(std::string &s, const char *k, const std::vector<std::int64_t> &ids) {
+  field(s, k);
+  jsonInts(s, ids);
+}
+
+std::vector<std::int64_t> storagesOf(const std::vector<Tensor> &ts) {
+  std::vector<std::int64_t> ids;
+  for (const Tensor &t : ts)
+    if (t.defined())
+      ids.push_back(static_cast<std::int64_t>(t.unsafeGetTensorImpl()->storage->id()));
+  return ids;
+}
+} // namespace
+
+void beginNode() { t_saved.clear(); }
+
+void savedRead(const TensorImpl &t) { t_saved.push_back(static_cast<std::int64_t>(t.storage->id())); }
+
+void gradNode(const char *name, const std::vector<Tensor> &in, const std::vector<Tensor> &out) {
+  std::string s = head(ev::kGrad);
+  field(s, key::kName);
+  jsonString(s, name);
+  storageIds(s, key::kSaved, t_saved);
+  storageIds(s, key::kGradsIn, storagesOf(in));
+  storageIds(s, key::kGradsOut, storagesOf(out));
+  s += "}";
+  emit(s);
+  t_saved.clear();
+}
+
+void read(const char *kind, const TensorImpl &t, const double *value) {
+  // data_ptr: once per storage version (a loop over p[i] calls it per element).
+  thread_local std::pair<std::uint64_t, std::uint32_t> t_last{~0ull, 0};
+  bool dataPtr = value == nullptr && std::string_view(kind) == trace_schema::kReadDataPtr;
+  std::pair<std::uint64_t, std::uint32_t> now{t.storage->id(), t.version->version.load(std::memory_order_relaxed)};
+  // The runtime's own reads (item() and printing open a scope of their own),
+  // or a data_ptr read already recorded.
+  if (t_depth > (dataPtr ? 0 : 1) || (dataPtr && now == t_last))
+    return;
+  if (dataPtr)
+    t_last = now;
+  std::string s = head(ev::kRead);
+  field(s, key::kKind);
+  jsonString(s, kind);
+  field(s, key::kStorage, static_cast<std::int64_t>(t.storage->id()));
+  field(s, key::kTensor, static_cast<std::int64_t>(t.id));
+  double sum = value ? *value : 0;
+  if (value || digest(t, sum)) {
+    field(s, key::kSum);
+    jsonNumber(s, sum);
+  }
+  field(s, key::kStdoutPos, static_cast<std::int64_t>(std::ftell(stdout)));
   s += "}";
   emit(s);
 }
@@ -395,8 +462,13 @@ void copy(CopyKind, const TensorImpl &, const TensorImpl &) {}
 void convert(const TensorImpl &, const TensorImpl &) {}
 void write(const char *, const TensorImpl &, std::uint32_t, std::uint32_t, long) {}
 void op(const char *, std::initializer_list<const Tensor *>, const Tensor &) {}
+void opList(const char *, TensorList, const Tensor &) {}
 void opMulti(const char *, const Tensor &, const std::vector<Tensor> &) {}
 void error(const char *, const std::string &) {}
+void beginNode() {}
+void savedRead(const TensorImpl &) {}
+void gradNode(const char *, const std::vector<Tensor> &, const std::vector<Tensor> &) {}
+void read(const char *, const TensorImpl &, const double *) {}
 
 #endif
 

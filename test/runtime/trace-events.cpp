@@ -40,6 +40,25 @@ int main() {
   } catch (const tt::Error &) {
   }
   // CHECK: "ev":"error","op":"backward",{{.*}}"line":[[@LINE-3]],{{.*}}"kind":"autograd","message":"one of the variables needed for gradient computation has been modified by an inplace operation: [torch.FloatTensor [3]], which is output 0 of ExpBackward0, is at version 1; expected version 0 instead.
+
+  // Backward's data flow: each node's saved tensors and grads in, grads out;
+  // AccumulateGrad writes the leaf's .grad.
+  tt::Tensor v = tt::ones({3}, tt::requires_grad());
+  tt::Tensor sq = v.mul(v);
+  // CHECK: "ev":"op","op":"mul",{{.*}}"line":[[@LINE-1]],{{.*}}"inputs":[[[V:[0-9]+]],[[V]]]
+  sq.sum().backward();
+  // CHECK: "ev":"grad","op":"backward",{{.*}}"line":[[@LINE-1]],{{.*}}"name":"SumBackward0","saved":[],"grads_in":[{{[0-9]+}}],"grads_out":[{{[0-9]+}}]}
+  // CHECK: "ev":"grad","op":"backward",{{.*}}"name":"MulBackward0","saved":[[[V]],[[V]]],"grads_in":[{{[0-9]+}}],"grads_out":[{{[0-9]+}},{{[0-9]+}}]}
+  // CHECK: "ev":"grad","op":"backward",{{.*}}"name":"InputBuffer::accumulate","saved":[],"grads_in":[{{[0-9]+}},{{[0-9]+}}],"grads_out":[{{[0-9]+}}]}
+  // CHECK: "ev":"grad","op":"backward",{{.*}}"name":"torch::autograd::AccumulateGrad",{{.*}}"grads_out":[[[G:[0-9]+]]]}
+  float g = v.grad().sum().item<float>();
+  // CHECK: "ev":"op","op":"sum",{{.*}}"line":[[@LINE-1]],{{.*}}"inputs":[[[G]]]
+  // CHECK: "ev":"read","op":"item",{{.*}}"line":[[@LINE-2]],{{.*}}"kind":"item",{{.*}}"sum":6,"stdout_pos":
+  (void)g;
+
+  // cat reads every tensor it joins.
+  tt::Tensor joined = tt::cat({x, f.view({2, 3})});
+  // CHECK: "ev":"op","op":"cat",{{.*}}"line":[[@LINE-1]],{{.*}}"inputs":[[[X]],[[F]]]
   return 0;
   // CHECK: "ev":"free","op":null,"file":null,"line":null,"col":null,"storage":[[F]],"bytes":24,"device":"cpu"}
 }

@@ -109,8 +109,19 @@ FixJudgement viewFix(const FixInput &In, json::Object &) {
 
 // --------------------------------------------------- implicit reshape copy --
 
+// Without the implicit copies of other ops on the line (a matmul reshaping
+// its operand inside copies under its own name).
+std::vector<const Event *> reshapeCopies(ArrayRef<const Event *> Evs) {
+  std::vector<const Event *> R;
+  for (const Event *E : Evs)
+    if (!E->Implicit || StringRef(E->Op).starts_with("reshape") ||
+        StringRef(E->Op).starts_with("flatten"))
+      R.push_back(E);
+  return R;
+}
+
 HazardJudgement reshapeHazard(const HazardInput &In, json::Object &Figures) {
-  Counts N = count(In.At);
+  Counts N = count(reshapeCopies(In.At));
   Figures["implicit_copies"] = N.Implicit;
   Figures["implicit_copy_bytes"] = static_cast<int64_t>(N.ImplicitBytes);
   HazardJudgement J;
@@ -124,7 +135,7 @@ HazardJudgement reshapeHazard(const HazardInput &In, json::Object &Figures) {
 }
 
 FixJudgement reshapeFix(const FixInput &In, json::Object &Figures) {
-  Counts N = count(In.AtFix);
+  Counts N = count(reshapeCopies(In.AtFix));
   Figures["implicit_copies_after"] = N.Implicit;
   Figures["explicit_copies_after"] = N.Copies - N.Implicit;
   FixJudgement J;

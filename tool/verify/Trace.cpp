@@ -3,6 +3,7 @@
 #include "../Paths.h"
 #include "tt/trace_schema.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
@@ -19,7 +20,8 @@ EventKind kindOf(StringRef Ev) {
       {ev::kStart, EventKind::Start}, {ev::kAlloc, EventKind::Alloc},
       {ev::kFree, EventKind::Free},   {ev::kCopy, EventKind::Copy},
       {ev::kWrite, EventKind::Write}, {ev::kOp, EventKind::Op},
-      {ev::kError, EventKind::Error}, {ev::kConvert, EventKind::Convert}};
+      {ev::kError, EventKind::Error}, {ev::kConvert, EventKind::Convert},
+      {ev::kGrad, EventKind::Grad},   {ev::kRead, EventKind::Read}};
   for (const auto &[Name, Kind] : Kinds)
     if (Ev == Name)
       return Kind;
@@ -36,6 +38,14 @@ int64_t firstOf(const json::Object &O, const char *Key) {
     if (!A->empty())
       return (*A)[0].getAsInteger().value_or(-1);
   return -1;
+}
+
+/// Every id of an array field, appended to Ids.
+void idsOf(const json::Object &O, const char *Key, std::vector<int64_t> &Ids) {
+  if (const json::Array *A = O.getArray(Key))
+    for (const json::Value &I : *A)
+      if (auto N = I.getAsInteger())
+        Ids.push_back(*N);
 }
 
 /// One row; schema 1 writers closed write/copy rows twice ("}}"): accept
@@ -92,15 +102,27 @@ void readFields(const json::Object &O, Event &E) {
     E.Op = str(O, key::kName);
     E.Out = firstOf(O, key::kOutputs);
     E.Tensor = firstOf(O, key::kOutputTensors);
-    if (const json::Array *In = O.getArray(key::kInputs))
-      for (const json::Value &I : *In)
-        if (auto N = I.getAsInteger())
-          E.Inputs.push_back(*N);
+    idsOf(O, key::kInputs, E.Inputs);
+    idsOf(O, key::kOutputs, E.Outs);
     E.GraphNodes = O.getInteger(key::kGraphNodes).value_or(-1);
     E.GraphBytes = O.getInteger(key::kGraphBytes).value_or(-1);
     break;
   case EventKind::Error:
     E.Message = str(O, key::kMessage);
+    break;
+  case EventKind::Grad: // a backward node: saved tensors and grads in -> grads out
+    E.Message = str(O, key::kName);
+    idsOf(O, key::kSaved, E.Inputs);
+    idsOf(O, key::kGradsIn, E.Inputs);
+    idsOf(O, key::kGradsOut, E.Outs);
+    E.Out = E.Outs.empty() ? -1 : E.Outs.front();
+    break;
+  case EventKind::Read:
+    E.Tensor = O.getInteger(key::kTensor).value_or(-1);
+    if (auto S = O.getInteger(key::kStorage))
+      E.Inputs.push_back(*S);
+    E.StdoutPos = O.getInteger(key::kStdoutPos).value_or(-1);
+    E.Message = str(O, key::kKind);
     break;
   case EventKind::Convert:
     E.Tensor = O.getInteger(key::kTensor).value_or(-1);
@@ -165,9 +187,46 @@ Trace Trace::parse(StringRef Text, StringRef Dir) {
     }
     if (!E.File.empty())
       T.ByLine[{E.File, E.Line}].push_back(E.Index);
+    if (E.Kind == EventKind::Read)
+      T.Reads.push_back(E.Index);
     T.Events.push_back(std::move(E));
   }
+  T.linkWrites();
+  T.spanReads();
   return T;
+}
+
+// An in-place write is traced before the op (or backward node) that made it,
+// which lists what it read: the write reads that too.
+void Trace::linkWrites() {
+  for (Event &E : Events) {
+    if ((E.Kind != EventKind::Op && E.Kind != EventKind::Grad) || E.Inputs.empty())
+      continue;
+    for (size_t Back = 1; Back <= 4 && Back <= E.Index; ++Back) {
+      Event &W = Events[E.Index - Back];
+      if (W.Kind == EventKind::Op || W.Kind == EventKind::Grad)
+        break;
+      if (W.Kind == EventKind::Write && llvm::is_contained(E.Outs, W.Out))
+        W.Inputs.insert(W.Inputs.end(), E.Inputs.begin(), E.Inputs.end());
+    }
+  }
+}
+
+// A data_ptr read feeds the lines printed until the next read (the pointer is
+// dereferenced later); item() and printing the line they were read in.
+void Trace::spanReads() {
+  Event *Prev = nullptr;
+  for (std::size_t I : Reads) {
+    Event &E = Events[I];
+    if (E.StdoutPos < 0)
+      continue;
+    E.FeedsUntil = E.StdoutPos + 1;
+    if (Prev && Prev->Message == tt::trace_schema::kReadDataPtr)
+      Prev->FeedsUntil = std::max(Prev->FeedsUntil, E.StdoutPos);
+    Prev = &E;
+  }
+  if (Prev && Prev->Message == tt::trace_schema::kReadDataPtr)
+    Prev->FeedsUntil = INT64_MAX;
 }
 
 std::vector<const Event *> Trace::at(StringRef File, unsigned Line) const {
@@ -187,22 +246,22 @@ const Event *Trace::errorAt(StringRef File, unsigned Line) const {
 }
 
 std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsigned Line) const {
-  std::set<std::size_t> R;
-  std::size_t Start = Events.size();
+  // Every run of the write at the line: in a loop each writes a fresh storage.
+  std::set<std::size_t> Writes;
   for (const Event *E : at(File, Line))
-    if (E->Kind == EventKind::Write && E->Out == Storage) {
-      Start = E->Index;
-      break;
-    }
+    if (E->Kind == EventKind::Write)
+      Writes.insert(E->Index);
+  std::set<std::size_t> R;
   std::set<int64_t> Tainted{Storage};
-  for (std::size_t I = Start; I < Events.size(); ++I) {
+  for (std::size_t I = Writes.empty() ? Events.size() : *Writes.begin(); I < Events.size(); ++I) {
     const Event &E = Events[I];
     if (E.Kind == EventKind::Free || E.Kind == EventKind::Alloc) {
       if (E.Kind == EventKind::Free)
         Tainted.erase(E.Out); // a storage id is not reused, but stay safe
       continue;
     }
-    bool Reads = I == Start || E.Out == Storage;
+    bool Reads =
+        Writes.count(I) || E.Out == Storage || (E.Kind == EventKind::Write && Tainted.count(E.Out));
     for (int64_t In : E.Inputs)
       Reads |= Tainted.count(In) > 0;
     if (!Reads)
@@ -210,7 +269,16 @@ std::set<std::size_t> Trace::downstreamOf(int64_t Storage, StringRef File, unsig
     R.insert(I);
     if (E.Out >= 0)
       Tainted.insert(E.Out);
+    Tainted.insert(E.Outs.begin(), E.Outs.end());
   }
+  return R;
+}
+
+std::vector<const Event *> Trace::readsFeeding(int64_t Begin, int64_t End) const {
+  std::vector<const Event *> R;
+  for (std::size_t I : Reads)
+    if (const Event &E = Events[I]; E.StdoutPos >= 0 && E.StdoutPos < End && E.FeedsUntil > Begin)
+      R.push_back(&E);
   return R;
 }
 

@@ -5,6 +5,7 @@
 #include "Verify.h"
 
 #include "../Paths.h"
+#include "Compare.h"
 #include "LineMap.h"
 #include "Process.h"
 #include "Rules.h"
@@ -79,6 +80,8 @@ namespace {
 
 // ------------------------------------------------------------- the model --
 
+struct Variant;
+
 /// One finding of the driver's report, as --verify follows it.
 struct Checked {
   const ClangTidyError *E;
@@ -90,8 +93,10 @@ struct Checked {
   const CheckRule *Rule = nullptr;
   bool HasFix = false, FixApplied = false;
   std::string FixConflict;
-  std::set<unsigned> FixedLines; // lines of the fixed file the fix touched
-  unsigned FixedLine = 0;        // the finding's line in the fixed file
+  const Checked *By = nullptr;   // whose fix-it it is judged by (itself, or a shared one)
+  Variant *Run = nullptr;        // the fixed program with By's fix-it alone
+  std::set<unsigned> FixedLines; // lines of Run's fixed file By's fix touched
+  unsigned FixedLine = 0;        // the finding's line in Run's fixed file
   HazardVerdict Hazard = HazardVerdict::NotVerified;
   FixVerdict Fix = FixVerdict::NotVerified;
   std::vector<std::string> HazardEv, FixEv;
@@ -99,23 +104,48 @@ struct Checked {
   std::string where() const { return sys::path::filename(File).str() + ":" + std::to_string(Line); }
 };
 
+/// A fixed program: one finding's fix-it (and the findings it also covers),
+/// or all applied fix-its together.
+struct Variant {
+  std::string Tag;               // scratch-file prefix: <name>.fixed, <name>.fix2, ...
+  std::vector<Checked *> Judged; // the findings whose verdict comes from this run
+  std::map<std::string, Replacements> Reps;
+  std::map<std::string, std::string> Texts;              // path -> fixed text
+  std::map<std::string, std::vector<unsigned>> LineMaps; // original line -> fixed line
+  std::string BuildLog;
+  bool Built = false;
+  RunResult Run;
+  Trace T;
+  std::set<size_t> Tainted; // original-run events computed from its findings' writes
+  unsigned mappedLine(StringRef File, unsigned L) const {
+    auto M = LineMaps.find(File.str());
+    return M != LineMaps.end() && L < M->second.size() ? M->second[L] : L;
+  }
+};
+
 struct Program {
   std::string File, Dir; // the TU and its compile directory
   std::string Name;      // for scratch files: the TU's stem, made unique
   std::vector<std::string> Flags;
   std::vector<Checked *> Findings;
-  std::map<std::string, std::string> Original, Fixed; // path -> text, for files with fixes
-  std::map<std::string, Replacements> Reps;
-  std::map<std::string, std::vector<unsigned>> LineMaps; // original line -> fixed line
-  std::set<size_t> Tainted; // original-run events computed from a confirmed hazard's write
-  std::string Status;       // "" ok, else why the program could not be verified
-  std::string OrigBuild, FixedBuild;
-  RunResult OrigRun, FixedRun;
-  Trace OrigTrace, FixedTrace;
-  bool OrigBuilt = false, FixedBuilt = false;
-  unsigned mappedLine(StringRef File, unsigned L) const {
-    auto M = LineMaps.find(File.str());
-    return M != LineMaps.end() && L < M->second.size() ? M->second[L] : L;
+  std::map<std::string, std::string> Original; // path -> text, for files with fixes
+  std::map<std::string, Replacements> Reps;    // every applied fix-it
+  std::vector<std::unique_ptr<Variant>> Own;   // one per applied fix-it
+  std::unique_ptr<Variant> All;                // all together, when more than one
+  std::string Status;                          // "" ok, else why the program could not be verified
+  std::string OrigBuild;
+  RunResult OrigRun;
+  Trace OrigTrace;
+  bool OrigBuilt = false;
+  std::vector<std::string> CombinedEv; // the all-fixes run's verdict, for the report
+  bool CombinedFailed = false;
+  std::vector<Variant *> variants() const {
+    std::vector<Variant *> V;
+    for (auto &O : Own)
+      V.push_back(O.get());
+    if (All)
+      V.push_back(All.get());
+    return V;
   }
 };
 
@@ -185,24 +215,6 @@ std::string findCompiler() {
   return "/usr/lib/llvm-19/bin/clang++";
 }
 
-// The first line where two outputs differ, for the report.
-std::string outputDiff(StringRef A, StringRef B) {
-  SmallVector<StringRef> LA, LB;
-  A.split(LA, '\n');
-  B.split(LB, '\n');
-  auto Squeeze = [](StringRef L) {
-    SmallVector<StringRef> W;
-    L.split(W, ' ', -1, false);
-    return join(W, " ");
-  };
-  for (size_t I = 0; I < std::max(LA.size(), LB.size()); ++I) {
-    StringRef X = I < LA.size() ? LA[I] : "", Y = I < LB.size() ? LB[I] : "";
-    if (X != Y)
-      return "\"" + Squeeze(X) + "\" became \"" + Squeeze(Y) + "\"";
-  }
-  return "";
-}
-
 json::Object toJSON(const Checked &F) {
   return json::Object{{"hazard", name(F.Hazard)},
                       {"fix", name(F.Fix)},
@@ -237,27 +249,34 @@ private:
   }
   void collect(const RunReport &Report, const clang::tooling::CompilationDatabase &DB,
                ArrayRef<std::string> Files);
-  void assignFix(Checked &F, Program &P, const StringMap<Replacements> &Fix);
+  std::map<std::string, Replacements> absoluteFix(const Checked &F);
+  void assignFix(Checked &F, Program &P);
+  void group(Program &P);
   void applyFixes(Program &P);
-  void markFixedLines(Program &P, Checked &F);
+  void applyFixes(Program &P, Variant &V);
+  void markFixedLines(Variant &V, Checked &F);
   void buildAndRun();
-  bool build(Program &P, bool Fixed, std::string &Log, std::string &Exe);
-  void runProgram(Program &P, bool Fixed, const std::string &Exe);
+  bool build(Program &P, const Variant *V, std::string &Log, std::string &Exe);
+  void runProgram(Program &P, Variant *V, const std::string &Exe);
   void explainUnverifiable(Program &P);
   void judge(Program &P);
+  void taint(Program &P);
   void judgeHazard(Program &P, Checked &F);
   void judgeFix(Program &P, Checked &F);
-  const Checked *fixedBy(Program &P, Checked &F);
-  bool judgeFixedRun(Program &P, Checked &F, const Checked &By);
-  void judgeSideEffects(Program &P, Checked &F, std::string Gone);
+  bool judgeFixedRun(Checked &F, const Variant &V);
+  void judgeSideEffects(Program &P, Checked &F, const Variant &V, std::string Gone);
+  void judgeCombined(Program &P);
   void report(RunReport &Report);
+  void textReport(raw_ostream &OS);
 };
 
 void Verifier::run(RunReport &Report, const clang::tooling::CompilationDatabase &DB,
                    ArrayRef<std::string> Files) {
   collect(Report, DB, Files);
-  for (auto &P : Programs)
+  for (auto &P : Programs) {
+    group(*P);
     applyFixes(*P);
+  }
   buildAndRun();
   for (auto &P : Programs)
     judge(*P);
@@ -297,73 +316,129 @@ void Verifier::collect(const RunReport &Report, const clang::tooling::Compilatio
         continue;
       P->Findings.push_back(F.get());
       if (F->HasFix)
-        assignFix(*F, *P, *Fix);
+        assignFix(*F, *P);
     }
     Findings.push_back(std::move(F));
   }
 }
 
-// All of a finding's replacements go in, or none.
-void Verifier::assignFix(Checked &F, Program &P, const StringMap<Replacements> &Fix) {
-  std::map<std::string, Replacements> Tentative = P.Reps;
-  bool OK = true;
-  for (const auto &[Path, Reps] : Fix)
+// F's fix-it with absolute paths; F.FixConflict when it overlaps itself.
+std::map<std::string, Replacements> Verifier::absoluteFix(const Checked &F) {
+  std::map<std::string, Replacements> Mine;
+  for (const auto &[Path, Reps] : *clang::tooling::selectFirstFix(*F.E))
     for (const Replacement &R : Reps) {
       std::string Abs = absolutePath(R.getFilePath(), F.E->BuildDirectory);
-      Replacement RA(Abs, R.getOffset(), R.getLength(), R.getReplacementText());
-      if (auto Err = Tentative[Abs].add(RA)) {
+      consumeError(
+          Mine[Abs].add(Replacement(Abs, R.getOffset(), R.getLength(), R.getReplacementText())));
+    }
+  return Mine;
+}
+
+// Into the program's set of fixes (all of them together): all of a finding's
+// replacements go in, or none.
+void Verifier::assignFix(Checked &F, Program &P) {
+  std::map<std::string, Replacements> Tentative = P.Reps;
+  bool OK = true;
+  for (const auto &[Abs, Reps] : absoluteFix(F))
+    for (const Replacement &R : Reps)
+      if (auto Err = Tentative[Abs].add(R)) {
         F.FixConflict = toString(std::move(Err));
         OK = false;
       }
-    }
   if (OK) {
     P.Reps = std::move(Tentative);
     F.FixApplied = true;
   }
 }
 
+bool sameFix(const std::map<std::string, Replacements> &A,
+             const std::map<std::string, Replacements> &B) {
+  return std::equal(A.begin(), A.end(), B.begin(), B.end(), [](const auto &X, const auto &Y) {
+    return X.first == Y.first &&
+           std::equal(X.second.begin(), X.second.end(), Y.second.begin(), Y.second.end());
+  });
+}
+
+// One fixed program per applied fix-it (findings that offer the same edit share one), judging its
+// finding and the findings without a fix-it of their own it also covers: the last applied fix-it of
+// the same check before them in the file (one clone where an alias is made covers several writes).
+// With more than one, a program with all of them too.
+void Verifier::group(Program &P) {
+  for (Checked *F : P.Findings) {
+    if (!F->FixApplied)
+      continue;
+    F->By = F;
+    std::map<std::string, Replacements> Mine = absoluteFix(*F);
+    for (auto &V : P.Own)
+      if (sameFix(V->Reps, Mine)) // several findings offering one edit: one program
+        F->Run = V.get();
+    if (!F->Run) {
+      P.Own.push_back(std::make_unique<Variant>());
+      F->Run = P.Own.back().get();
+      F->Run->Reps = std::move(Mine);
+    }
+    F->Run->Judged.push_back(F);
+  }
+  for (Checked *F : P.Findings) {
+    if (F->HasFix)
+      continue;
+    for (Checked *G : P.Findings)
+      if (G->FixApplied && G->File == F->File && G->Check == F->Check && G->Line <= F->Line)
+        F->By = G;
+    if (F->By) {
+      F->Run = F->By->Run;
+      F->Run->Judged.push_back(F);
+    }
+  }
+  if (P.Own.size() > 1) {
+    P.All = std::make_unique<Variant>();
+    P.All->Reps = P.Reps;
+  }
+}
+
 void Verifier::applyFixes(Program &P) {
-  for (auto &[Path, Reps] : P.Reps) {
+  for (auto &[Path, Reps] : P.Reps)
     P.Original[Path] = text(Path);
+  for (Variant *V : P.variants())
+    applyFixes(P, *V);
+  for (Checked *F : P.Findings) {
+    F->FixedLine = F->Run ? F->Run->mappedLine(F->File, F->Line) : F->Line;
+    if (F->FixApplied && F->Run->Texts.count(F->File))
+      markFixedLines(*F->Run, *F);
+  }
+}
+
+void Verifier::applyFixes(Program &P, Variant &V) {
+  for (auto &[Path, Reps] : V.Reps) {
     auto Fixed = clang::tooling::applyAllReplacements(text(Path), Reps);
     if (!Fixed) {
       P.Status = "cannot apply the fixes to " + Path + ": " + toString(Fixed.takeError());
       continue;
     }
-    P.Fixed[Path] = *Fixed;
-    P.LineMaps[Path] = mapLines(P.Original[Path], *Fixed, Reps);
+    V.Texts[Path] = *Fixed;
+    V.LineMaps[Path] = mapLines(text(Path), *Fixed, Reps);
   }
-  for (Checked *F : P.Findings) {
-    F->FixedLine = F->Line;
-    if (!P.Reps.count(F->File) || !P.Fixed.count(F->File))
+}
+
+// The lines of V's fixed file F's fix wrote code on (a deletion writes none).
+void Verifier::markFixedLines(Variant &V, Checked &F) {
+  Lines LF(V.Texts[F.File]);
+  const Replacements &All = V.Reps[F.File];
+  std::map<std::string, Replacements> Mine = absoluteFix(F);
+  for (const Replacement &Rep : Mine[F.File]) {
+    StringRef Text = Rep.getReplacementText();
+    if (Text.trim().empty())
       continue;
-    F->FixedLine = P.mappedLine(F->File, F->Line);
-    if (F->FixApplied)
-      markFixedLines(P, *F);
+    // An insertion's own offset is shifted past its text: step back over it.
+    unsigned B = All.getShiftedCodePosition(Rep.getOffset()) - (Rep.getLength() ? 0 : Text.size()) +
+                 (Text.size() - Text.ltrim().size());
+    unsigned E = B + Text.trim().size();
+    for (unsigned L = LF.lineOf(B); L <= LF.lineOf(E - 1); ++L)
+      F.FixedLines.insert(L);
   }
 }
 
-// The lines of the fixed file F's fix wrote code on (a deletion writes none).
-void Verifier::markFixedLines(Program &P, Checked &F) {
-  Lines LF(P.Fixed[F.File]);
-  const Replacements &All = P.Reps[F.File];
-  for (const auto &[Path, Reps] : *clang::tooling::selectFirstFix(*F.E))
-    for (const Replacement &Rep : Reps) {
-      if (absolutePath(Rep.getFilePath(), F.E->BuildDirectory) != F.File)
-        continue;
-      StringRef Text = Rep.getReplacementText();
-      if (Text.trim().empty())
-        continue;
-      // An insertion's own offset is shifted past its text: step back over it.
-      unsigned B = All.getShiftedCodePosition(Rep.getOffset()) -
-                   (Rep.getLength() ? 0 : Text.size()) + (Text.size() - Text.ltrim().size());
-      unsigned E = B + Text.trim().size();
-      for (unsigned L = LF.lineOf(B); L <= LF.lineOf(E - 1); ++L)
-        F.FixedLines.insert(L);
-    }
-}
-
-// Build and run, the original and the fixed program of each in parallel.
+// Build and run the original and every fixed program, all in parallel.
 // Programs without findings are skipped: nothing to prove.
 void Verifier::buildAndRun() {
   std::map<std::string, unsigned> Stems;
@@ -371,6 +446,10 @@ void Verifier::buildAndRun() {
     std::string Stem = sys::path::stem(PP->File).str();
     unsigned N = Stems[Stem]++;
     PP->Name = N ? Stem + "-" + std::to_string(N) : Stem;
+    for (size_t I = 0; I < PP->Own.size(); ++I)
+      PP->Own[I]->Tag = PP->Name + (PP->All ? ".fix" + std::to_string(I + 1) : ".fixed");
+    if (PP->All)
+      PP->All->Tag = PP->Name + ".fixed";
   }
   DefaultThreadPool Pool(hardware_concurrency(Jobs));
   for (auto &PP : Programs) {
@@ -379,14 +458,14 @@ void Verifier::buildAndRun() {
       continue;
     Pool.async([this, &P] {
       std::string Exe;
-      if ((P.OrigBuilt = build(P, false, P.OrigBuild, Exe)))
-        runProgram(P, false, Exe);
+      if ((P.OrigBuilt = build(P, nullptr, P.OrigBuild, Exe)))
+        runProgram(P, nullptr, Exe);
     });
-    if (any_of(P.Findings, [](Checked *F) { return F->FixApplied; }))
-      Pool.async([this, &P] {
+    for (Variant *V : P.variants())
+      Pool.async([this, &P, V] {
         std::string Exe;
-        if ((P.FixedBuilt = build(P, true, P.FixedBuild, Exe)))
-          runProgram(P, true, Exe);
+        if ((V->Built = build(P, V, V->BuildLog, Exe)))
+          runProgram(P, V, Exe);
       });
   }
   Pool.wait();
@@ -394,15 +473,16 @@ void Verifier::buildAndRun() {
     explainUnverifiable(*PP);
 }
 
-bool Verifier::build(Program &P, bool Fixed, std::string &Log, std::string &Exe) {
-  std::string Tag = P.Name + (Fixed ? ".fixed" : ".orig");
+// The original (V null) or a fixed program, its fixed files seen through a VFS overlay.
+bool Verifier::build(Program &P, const Variant *V, std::string &Log, std::string &Exe) {
+  std::string Tag = V ? V->Tag : P.Name + ".orig";
   Exe = Scratch + "/" + Tag;
   std::vector<std::string> Args = {Compiler};
   Args.insert(Args.end(), P.Flags.begin(), P.Flags.end());
-  if (Fixed) {
+  if (V) {
     json::Array Roots;
-    for (auto &[Path, Text] : P.Fixed) {
-      std::string Copy = Scratch + "/" + P.Name + ".fixed." + sys::path::filename(Path).str();
+    for (auto &[Path, Text] : V->Texts) {
+      std::string Copy = Scratch + "/" + Tag + "." + sys::path::filename(Path).str();
       if (!writeFile(Copy, Text)) {
         Log = "cannot write the scratch copy " + Copy;
         return false;
@@ -428,8 +508,8 @@ bool Verifier::build(Program &P, bool Fixed, std::string &Log, std::string &Exe)
   return R.Started && R.RC == 0;
 }
 
-void Verifier::runProgram(Program &P, bool Fixed, const std::string &Exe) {
-  std::string Tag = P.Name + (Fixed ? ".fixed" : ".orig");
+void Verifier::runProgram(Program &P, Variant *V, const std::string &Exe) {
+  std::string Tag = V ? V->Tag : P.Name + ".orig";
   std::string TracePath = Scratch + "/" + Tag + ".trace.jsonl";
   sys::fs::remove(TracePath);
   std::vector<std::string> EnvStore;
@@ -443,8 +523,8 @@ void Verifier::runProgram(Program &P, bool Fixed, const std::string &Exe) {
   RunResult R =
       execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, MemoryMB);
   Trace T = Trace::load(TracePath, P.Dir);
-  (Fixed ? P.FixedRun : P.OrigRun) = std::move(R);
-  (Fixed ? P.FixedTrace : P.OrigTrace) = std::move(T);
+  (V ? V->Run : P.OrigRun) = std::move(R);
+  (V ? V->T : P.OrigTrace) = std::move(T);
 }
 
 void Verifier::explainUnverifiable(Program &P) {
@@ -476,17 +556,27 @@ void Verifier::judge(Program &P) {
   }
   if (!P.Status.empty())
     return;
-  // Values computed from any confirmed hazard's write may differ in the fixed run.
-  for (Checked *F : P.Findings)
-    if (F->Hazard == HazardVerdict::Confirmed && F->Rule->Writes)
-      if (auto S = F->Figures.getInteger("written_storage")) {
-        auto D = P.OrigTrace.downstreamOf(*S, F->File, F->Line);
-        P.Tainted.insert(D.begin(), D.end());
-      }
+  taint(P);
   for (Checked *F : P.Findings) {
     if (F->Hazard != HazardVerdict::Confirmed && P.OrigRun.failed())
       F->HazardEv.push_back("the original program failed " + P.OrigRun.failure());
     judgeFix(P, *F);
+  }
+  judgeCombined(P);
+}
+
+// Values computed from a confirmed hazard's write may differ in a fixed run
+// that removes it: per fixed program, those of the findings it judges (all,
+// for the program with every fix).
+void Verifier::taint(Program &P) {
+  for (Checked *F : P.Findings) {
+    auto S = F->Figures.getInteger("written_storage");
+    if (F->Hazard != HazardVerdict::Confirmed || !F->Rule->Writes || !S || !F->Run)
+      continue;
+    auto D = P.OrigTrace.downstreamOf(*S, F->File, F->Line);
+    F->Run->Tainted.insert(D.begin(), D.end());
+    if (P.All)
+      P.All->Tainted.insert(D.begin(), D.end());
   }
 }
 
@@ -510,10 +600,10 @@ void Verifier::judgeHazard(Program &P, Checked &F) {
   if (F.Rule->NeedsCuda && !P.OrigTrace.UsedCuda) {
     std::string Why = noCudaReason(P.OrigRun);
     F.Hazard = HazardVerdict::NotExercised;
-    F.HazardEv.push_back("(no CUDA device): " +
-                         (Why.empty() ? "the program ran on the CPU only, where " + In.Where +
-                                            " waits for no device"
-                                      : Why));
+    F.HazardEv.push_back(
+        "(no CUDA device): " +
+        (Why.empty() ? "the program ran on the CPU only, where " + In.Where + " waits for no device"
+                     : Why));
     return;
   }
   if (In.At.empty() && !In.Err && !F.Rule->QuietLine) {
@@ -527,66 +617,56 @@ void Verifier::judgeHazard(Program &P, Checked &F) {
   F.HazardEv = std::move(J.Evidence);
 }
 
-// Whose fix-it F is judged by: its own, or (without one) the last applied
-// fix-it of the same check before it in the file (one clone where an alias is
-// made covers several writes). Null: no fix to judge.
-const Checked *Verifier::fixedBy(Program &P, Checked &F) {
-  if (F.HasFix)
-    return &F;
-  const Checked *By = nullptr;
-  for (Checked *G : P.Findings)
-    if (G->FixApplied && G->File == F.File && G->Check == F.Check && G->Line <= F.Line)
-      By = G;
-  return By && F.Hazard == HazardVerdict::Confirmed && P.FixedBuilt ? By : nullptr;
-}
-
-// What the fixed run says: the hazard's events are gone, and everything else
-// is unchanged or explained by the hazard's writes.
+// What F's own fixed run says (the program with only the fix-it F is judged
+// by): the hazard's events are gone, and everything else is unchanged or
+// explained by the writes of the hazards that fix-it removes.
 void Verifier::judgeFix(Program &P, Checked &F) {
-  const Checked *By = fixedBy(P, F);
-  if (!By) {
-    F.Fix = FixVerdict::None;
-    return;
-  }
-  if (!By->FixApplied) {
+  if (F.HasFix && !F.FixApplied) {
     F.Fix = FixVerdict::NotVerified;
     F.FixEv.push_back("the fix was not applied: " + F.FixConflict);
     return;
   }
-  if (!judgeFixedRun(P, F, *By))
+  // A finding without a fix-it of its own is judged only when another's ran and removed it.
+  bool Shared = F.By && F.By != &F;
+  if (!F.By || (Shared && (F.Hazard != HazardVerdict::Confirmed || !F.Run->Built))) {
+    F.Fix = FixVerdict::None;
     return;
-  std::set<unsigned> FixLines = By->FixedLines;
+  }
+  const Variant &V = *F.Run;
+  if (!judgeFixedRun(F, V))
+    return;
+  std::set<unsigned> FixLines = F.By->FixedLines;
   FixLines.insert(F.FixedLine);
   FixInput In{P.OrigTrace,
-              P.FixedTrace,
+              V.T,
               F.File,
               F.FixedLine,
               sys::path::filename(F.File).str() + ":" + std::to_string(F.FixedLine),
               {}};
   for (unsigned L : FixLines)
-    for (const Event *E : P.FixedTrace.at(F.File, L))
+    for (const Event *E : V.T.at(F.File, L))
       In.AtFix.push_back(E);
   FixJudgement J = F.Rule->JudgeFix(In, F.Figures);
   if (!J.Remains.empty()) {
     // A fix that leaves the hazard in place fails; a finding without its own fix-it just stays.
-    F.Fix = By == &F ? FixVerdict::NotVerified : FixVerdict::None;
-    if (By == &F)
+    F.Fix = Shared ? FixVerdict::None : FixVerdict::NotVerified;
+    if (!Shared)
       F.FixEv.push_back(J.Remains);
     return;
   }
-  if (By != &F)
-    J.Gone += formatv(" (by the fix-it of the finding at {0}:{1})", sys::path::filename(By->File),
-                      By->Line)
+  if (Shared)
+    J.Gone += formatv(" (by the fix-it of the finding at {0}:{1})", sys::path::filename(F.By->File),
+                      F.By->Line)
                   .str();
-  judgeSideEffects(P, F, std::move(J.Gone));
+  judgeSideEffects(P, F, V, std::move(J.Gone));
 }
 
 // The fixed program built, ran to the end and wrote a trace; else F's verdict.
-bool Verifier::judgeFixedRun(Program &P, Checked &F, const Checked &By) {
-  const RunResult &X = P.FixedRun;
-  if (!P.FixedBuilt) {
+bool Verifier::judgeFixedRun(Checked &F, const Variant &V) {
+  const RunResult &X = V.Run;
+  if (!V.Built) {
     F.Fix = FixVerdict::DoesNotCompile;
-    F.FixEv.push_back("fixed program: " + firstError(P.FixedBuild));
+    F.FixEv.push_back("fixed program: " + firstError(V.BuildLog));
   } else if (X.TimedOut) {
     F.Fix = FixVerdict::TimedOut;
     F.FixEv.push_back(formatv("the fixed program ran past {0} s", Timeout.getValue()).str());
@@ -599,7 +679,7 @@ bool Verifier::judgeFixedRun(Program &P, Checked &F, const Checked &By) {
     F.FixEv.push_back("the fixed program failed " + X.failure());
   } else if (F.Hazard == HazardVerdict::NotExercised) {
     F.Fix = FixVerdict::NotExercised;
-  } else if (!P.FixedTrace.Loaded) { // no events would look like no hazard
+  } else if (!V.T.Loaded) { // no events would look like no hazard
     F.Fix = FixVerdict::NotVerified;
     F.FixEv.push_back("the fixed program wrote no trace");
   } else {
@@ -608,52 +688,93 @@ bool Verifier::judgeFixedRun(Program &P, Checked &F, const Checked &By) {
   return false;
 }
 
-// Everything the fix should not change: values at the trace points both runs
-// share, unless they were computed from a hazard's write (P.Tainted), and the
-// program's output.
-void Verifier::judgeSideEffects(Program &P, Checked &F, std::string Gone) {
-  const RunResult &O = P.OrigRun, &X = P.FixedRun;
-  std::vector<std::string> Unexplained, Explained;
-  unsigned Compared = 0;
-  auto Map = [&P](StringRef File, unsigned L) { return P.mappedLine(File, L); };
-  for (const auto &[A, B] : P.OrigTrace.pairWith(P.FixedTrace, Map)) {
-    ++Compared;
-    if (std::abs(*A->Sum - *B->Sum) <= 1e-5 * std::max(1.0, std::abs(*A->Sum)))
-      continue;
-    std::string D = formatv("{0} at {1}:{2} (sum {3} -> {4})", A->Op, sys::path::filename(A->File),
-                            A->Line, formatNumber(*A->Sum), formatNumber(*B->Sum))
-                        .str();
-    (P.Tainted.count(A->Index) ? Explained : Unexplained).push_back(D);
+/// "the finding at a.cpp:9", "the findings at a.cpp:9, a.cpp:12".
+std::string findingsAt(ArrayRef<Checked *> Fs) {
+  std::vector<std::string> W;
+  for (const Checked *F : Fs)
+    W.push_back(F->where());
+  return std::string(Fs.size() == 1 ? "the finding at " : "the findings at ") + join(W, ", ");
+}
+
+/// The evidence lines of a comparison with the original run; false when a
+/// difference is not explained by the hazards' writes.
+bool describe(const Comparison &C, bool OrigFailed, std::vector<std::string> &Ev) {
+  bool Output = !OrigFailed && !C.OutputUnexplained.empty();
+  if (!C.Unexplained.empty() || Output) {
+    for (size_t I = 0; I < C.Unexplained.size() && I < 3; ++I)
+      Ev.push_back("differs, not computed from the hazard's write: " + C.Unexplained[I]);
+    if (Output)
+      Ev.push_back("program output differs: " + C.OutputUnexplained.front() +
+                   " (no value read to print it was computed from the hazard's write)");
+    return false;
   }
-  F.Figures["values_compared"] = static_cast<int64_t>(Compared);
-  F.Figures["values_differing_explained"] = static_cast<int64_t>(Explained.size());
-  std::string Diff = outputDiff(O.Stdout, X.Stdout);
-  bool OutputDiffers = O.Stdout != X.Stdout;
+  size_t Lines = C.OutputExplained.size();
+  if (OrigFailed)
+    Ev.push_back("the original failed, the fixed program exits 0");
+  else if (Lines)
+    Ev.push_back("program output differs only where computed from the hazard's write: " +
+                 C.OutputExplained.front() +
+                 (Lines > 1
+                      ? formatv(" (and {0} more line{1})", Lines - 1, Lines > 2 ? "s" : "").str()
+                      : std::string()));
+  else
+    Ev.push_back("program output unchanged");
+  if (C.Compared)
+    Ev.push_back(formatv("{0} of {1} values at shared trace points unchanged",
+                         C.Compared - C.Explained.size(), C.Compared)
+                     .str());
+  if (!C.Explained.empty())
+    Ev.push_back(formatv("{0} differ{1} downstream of the write, e.g. {2}", C.Explained.size(),
+                         C.Explained.size() == 1 ? "s" : "", C.Explained.front())
+                     .str());
+  return true;
+}
+
+Comparison compareWith(const Program &P, const Variant &V) {
+  auto Map = [&V](StringRef File, unsigned L) { return V.mappedLine(File, L); };
+  return compareRuns(P.OrigTrace, V.T, P.OrigRun.Stdout, V.Run.Stdout, V.Tainted, Map);
+}
+
+// Everything the fix should not change: values at the trace points both runs
+// share and the program's output, unless computed from the writes of the
+// hazards this fixed program removes (V.Tainted).
+void Verifier::judgeSideEffects(Program &P, Checked &F, const Variant &V, std::string Gone) {
+  Comparison C = compareWith(P, V);
+  F.Figures["values_compared"] = static_cast<int64_t>(C.Compared);
+  F.Figures["values_differing_explained"] = static_cast<int64_t>(C.Explained.size());
+  F.Figures["output_lines_explained"] = static_cast<int64_t>(C.OutputExplained.size());
   F.FixEv.push_back(Gone);
-  if (!Unexplained.empty() || (OutputDiffers && Explained.empty() && !O.failed())) {
-    F.Fix = FixVerdict::ChangedBehaviour;
-    for (size_t I = 0; I < Unexplained.size() && I < 3; ++I)
-      F.FixEv.push_back("differs, not computed from the hazard's write: " + Unexplained[I]);
-    if (OutputDiffers)
-      F.FixEv.push_back("program output differs: " + Diff);
+  F.Fix = describe(C, P.OrigRun.failed(), F.FixEv) ? FixVerdict::Verified
+                                                   : FixVerdict::ChangedBehaviour;
+  if (V.Judged.size() > 1)
+    F.FixEv.push_back("one fix-it for " + findingsAt(V.Judged) + ": judged together");
+  if (P.All)
+    F.FixEv.push_back(
+        formatv("judged on the program with this fix-it alone ({0} fix-its in the program)",
+                P.Own.size())
+            .str());
+}
+
+// All applied fix-its together must not change more than their hazards explain.
+void Verifier::judgeCombined(Program &P) {
+  if (!P.All)
+    return;
+  const Variant &V = *P.All;
+  std::vector<std::string> &Ev = P.CombinedEv;
+  P.CombinedFailed = true;
+  if (!V.Built)
+    Ev.push_back("does not compile: " + firstError(V.BuildLog));
+  else if (V.Run.TimedOut)
+    Ev.push_back("timed out");
+  else if (V.Run.failed())
+    Ev.push_back("crashed: the program failed " + V.Run.failure());
+  else {
+    Comparison C = compareWith(P, V);
+    P.CombinedFailed = !describe(C, P.OrigRun.failed(), Ev);
+    Ev.insert(Ev.begin(), P.CombinedFailed ? "changed behaviour" : "verified");
     return;
   }
-  F.Fix = FixVerdict::Verified;
-  if (O.failed())
-    F.FixEv.push_back("the original failed, the fixed program exits 0");
-  else if (OutputDiffers)
-    F.FixEv.push_back("program output differs only where computed from the hazard's write: " +
-                      Diff);
-  else
-    F.FixEv.push_back("program output unchanged");
-  if (Compared)
-    F.FixEv.push_back(formatv("{0} of {1} values at shared trace points unchanged",
-                              Compared - Explained.size(), Compared)
-                          .str());
-  if (!Explained.empty())
-    F.FixEv.push_back(formatv("{0} differ{1} downstream of the write, e.g. {2}", Explained.size(),
-                              Explained.size() == 1 ? "s" : "", Explained.front())
-                          .str());
+  Ev.insert(Ev.begin(), "failed");
 }
 
 // ------------------------------------------------------------- the report --
@@ -671,18 +792,34 @@ void Verifier::report(RunReport &Report) {
     Report.VerificationFailed |= failsVerification(F->Hazard, F->Fix);
     Report.Verdicts[F->Index] = toJSON(*F);
   }
+  json::Array Combined;
+  for (auto &P : Programs)
+    if (!P->CombinedEv.empty()) {
+      Report.VerificationFailed |= P->CombinedFailed;
+      Combined.push_back(
+          json::Object{{"program", relativeToCwd(P->File)},
+                       {"fixes", static_cast<int64_t>(P->Own.size())},
+                       {"verdict", P->CombinedEv.front()},
+                       {"evidence", json::Array(ArrayRef(P->CombinedEv).drop_front())}});
+    }
   std::string Summary =
       formatv("{0} finding{1}: {2} hazard{3} confirmed, {4} fix{5} verified, {6} not exercised, "
               "{7} failed verification",
               Total, Total == 1 ? "" : "s", Conf, Conf == 1 ? "" : "s", Ver, Ver == 1 ? "" : "es",
               NotEx, Failed)
           .str();
-  Report.VerifySummary = json::Object{{"summary", Summary}};
+  Report.VerifySummary = json::Object{{"summary", Summary}, {"combined", std::move(Combined)}};
   if (Format != OutputFormat::Text)
     return;
   raw_string_ostream OS(Report.VerifyText);
   OS << "\n";
-  // The verdict with its first piece of evidence, then one line per further piece.
+  textReport(OS);
+  OS << "verify: " << Summary << "\n";
+}
+
+// Per program its findings, each verdict with its first piece of evidence,
+// then one line per further piece; then the run with all fix-its together.
+void Verifier::textReport(raw_ostream &OS) {
   auto Verdict = [&](StringRef What, StringRef V, ArrayRef<std::string> Ev) {
     // Evidence that opens with "(" qualifies the verdict: "not exercised (no CUDA device)".
     StringRef Sep = Ev.empty() ? "" : StringRef(Ev.front()).starts_with("(") ? " " : ": ";
@@ -699,8 +836,10 @@ void Verifier::report(RunReport &Report) {
       Verdict("hazard", name(F->Hazard), F->HazardEv);
       Verdict("fix", F->Fix == FixVerdict::None ? "none offered" : name(F->Fix), F->FixEv);
     }
+    if (!PP->CombinedEv.empty())
+      Verdict(formatv("all {0} fix-its together:", PP->Own.size()).str(), PP->CombinedEv.front(),
+              ArrayRef(PP->CombinedEv).drop_front());
   }
-  OS << "verify: " << Summary << "\n";
 }
 
 /// The scratch directory: --verify-keep's, or a fresh one removed at exit.

@@ -19,6 +19,8 @@ inline constexpr char kWrite[] = "write";
 inline constexpr char kOp[] = "op";
 inline constexpr char kError[] = "error";
 inline constexpr char kConvert[] = "convert"; // copy_ into another dtype
+inline constexpr char kGrad[] = "grad";       // one backward node applied
+inline constexpr char kRead[] = "read";       // values read to the host: item(), data_ptr, printing
 } // namespace ev
 
 // Field keys.
@@ -67,11 +69,26 @@ inline constexpr char kDstDType[] = "dst_dtype";
 inline constexpr char kNumel[] = "numel";
 inline constexpr char kChanged[] = "changed"; // elements whose value the conversion changed
 inline constexpr char kSrcSum[] = "src_sum";
+// grad (with kName: the node, e.g. MulBackward0): the storages of the saved
+// tensors it unpacked and of the incoming gradients it read, and of the
+// gradients it wrote (for AccumulateGrad and retain_grad: the .grad storage)
+inline constexpr char kSaved[] = "saved";
+inline constexpr char kGradsIn[] = "grads_in";
+inline constexpr char kGradsOut[] = "grads_out";
+// read (with kKind: item, data_ptr, print; kStorage, kTensor, kSum): the
+// position of stdout when the values were read (ftell; -1 when not a file),
+// so that a printed line can be traced to the values that fed it
+inline constexpr char kStdoutPos[] = "stdout_pos";
 } // namespace key
 
 // Copy kinds that are implicit (the user asked for a reshape, not a copy).
 inline constexpr char kCopyReshape[] = "reshape";
 inline constexpr char kCopyFlatten[] = "flatten";
 inline constexpr char kCopyCopyInto[] = "copy_";
+
+// Read kinds.
+inline constexpr char kReadItem[] = "item";
+inline constexpr char kReadDataPtr[] = "data_ptr";
+inline constexpr char kReadPrint[] = "print";
 
 } // namespace tt::trace_schema

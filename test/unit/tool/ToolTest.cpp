@@ -3,6 +3,7 @@
 // rules of the verification table.
 #include "ExitCode.h"
 #include "analysis/Finding.h"
+#include "verify/Compare.h"
 #include "verify/LineMap.h"
 #include "verify/Rules.h"
 #include "verify/Trace.h"
@@ -147,6 +148,57 @@ TEST(Trace, IndexesByLineAndFollowsTheWrite) {
   std::set<std::size_t> D = T.downstreamOf(1, "/dir/m.cpp", 5);
   EXPECT_TRUE(D.count(5) && D.count(6) && D.count(7));
   EXPECT_FALSE(D.count(2));
+}
+
+// The hazard writes storage 1 (saved for backward); backward's nodes read it
+// and write a leaf's .grad (storage 6), which a later op and item() read; an
+// independent value (storage 8) is read for the second output line.
+static const char *BackwardTrace =
+    R"({"seq":0,"ev":"start","schema":1}
+{"seq":1,"ev":"write","op":"mul_","file":"b.cpp","line":5,"col":1,"write_op":"mul_","storage":1,"tensor":1,"handles":2,"sum":2}
+{"seq":2,"ev":"op","op":"mul_","file":"b.cpp","line":5,"col":1,"name":"mul_","inputs":[1],"outputs":[1],"sum":2}
+{"seq":3,"ev":"grad","op":"backward","file":"b.cpp","line":7,"col":1,"name":"MulBackward0","saved":[1],"grads_in":[4],"grads_out":[5]}
+{"seq":4,"ev":"write","op":"backward","file":"b.cpp","line":7,"col":1,"write_op":"add_","storage":6,"tensor":6,"handles":1,"sum":3}
+{"seq":5,"ev":"grad","op":"backward","file":"b.cpp","line":7,"col":1,"name":"torch::autograd::AccumulateGrad","saved":[],"grads_in":[5],"grads_out":[6]}
+{"seq":6,"ev":"op","op":"pow","file":"b.cpp","line":8,"col":1,"name":"pow","inputs":[6],"outputs":[7],"sum":9}
+{"seq":7,"ev":"read","op":"item","file":"b.cpp","line":8,"col":1,"kind":"item","storage":7,"tensor":7,"sum":9,"stdout_pos":0}
+{"seq":8,"ev":"read","op":"item","file":"b.cpp","line":9,"col":1,"kind":"item","storage":8,"tensor":8,"sum":1,"stdout_pos":6}
+)";
+
+TEST(Trace, FollowsTheWriteThroughBackwardToTheGrad) {
+  Trace T = Trace::parse(BackwardTrace, "/dir");
+  EXPECT_EQ(T.Events[3].Kind, EventKind::Grad);
+  EXPECT_EQ(T.Events[3].Inputs, (std::vector<std::int64_t>{1, 4}));
+  EXPECT_EQ(T.Events[5].Outs, std::vector<std::int64_t>{6});
+  // The accumulation's write reads what its node read.
+  EXPECT_EQ(T.Events[4].Inputs, std::vector<std::int64_t>{5});
+  std::set<std::size_t> D = T.downstreamOf(1, "/dir/b.cpp", 5);
+  for (std::size_t I : {3, 4, 5, 6, 7})
+    EXPECT_TRUE(D.count(I)) << I;
+  EXPECT_FALSE(D.count(8));
+  EXPECT_EQ(T.readsFeeding(0, 6).size(), 1u);
+  EXPECT_EQ(T.readsFeeding(6, 12).size(), 1u);
+}
+
+TEST(Compare, AnOutputLineIsExplainedOnlyByADifferingReadFromTheWrite) {
+  Trace A = Trace::parse(BackwardTrace, "/dir");
+  std::string Fixed = BackwardTrace;
+  // In the fixed run the grad and both reads differ.
+  for (auto [From, To] :
+       {std::pair<const char *, const char *>{"\"sum\":9,\"stdout", "\"sum\":4,\"stdout"},
+        {"\"sum\":1,\"stdout", "\"sum\":5,\"stdout"}})
+    Fixed.replace(Fixed.find(From), strlen(From), To);
+  Trace B = Trace::parse(Fixed, "/dir");
+  std::set<std::size_t> Tainted = A.downstreamOf(1, "/dir/b.cpp", 5);
+  auto Same = [](llvm::StringRef, unsigned L) { return L; };
+  Comparison C = compareRuns(A, B, "g 9.0\nv 1.0\n", "g 4.0\nv 5.0\n", Tainted, Same);
+  ASSERT_EQ(C.OutputExplained.size(), 1u);
+  EXPECT_EQ(C.OutputExplained[0], "\"g 9.0\" became \"g 4.0\" (item at b.cpp:8)");
+  ASSERT_EQ(C.OutputUnexplained.size(), 1u);
+  EXPECT_EQ(C.OutputUnexplained[0], "\"v 1.0\" became \"v 5.0\"");
+  // The read of storage 8 is a value difference nothing explains.
+  ASSERT_EQ(C.Unexplained.size(), 1u);
+  EXPECT_EQ(C.Unexplained[0], "item at b.cpp:9 (sum 1 -> 5)");
 }
 
 TEST(Trace, MissingFileIsNotLoaded) {
