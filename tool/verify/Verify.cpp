@@ -423,6 +423,10 @@ bool Verifier::build(Program &P, bool Fixed, std::string &Log, std::string &Exe)
   if (!RT.LibDir.empty())
     Args.insert(Args.end(), {"-L" + RT.LibDir, "-Wl,-rpath," + RT.LibDir});
   Args.push_back("-ltt_runtime");
+#ifdef TT_VERIFY_SANITIZE
+  // This tensor-tidy and its runtime are built with ASan+UBSan (TT_SANITIZE).
+  Args.push_back("-fsanitize=address,undefined");
+#endif
   RunResult R = execute(Args, P.Dir, std::nullopt, "", Scratch, Tag + ".build", 300, 0);
   Log = R.Stderr + R.Stdout;
   return R.Started && R.RC == 0;
