@@ -59,6 +59,8 @@ if getattr(config, "have_trace", True):
     config.available_features.add("tt-trace")
 if config.torch_include_flags:
     config.available_features.add("torch")
+if getattr(config, "have_libtorch", False):
+    config.available_features.add("libtorch")
 if config.have_cuda_build:
     config.available_features.add("cuda-build")
 try:

@@ -778,13 +778,10 @@ Tensor matmulImpl(const Tensor &a, const Tensor &b) {
   }
   // Batched: broadcast batch dims.
   Tensor A = da == 1 ? a.unsqueeze(0) : a, B = db == 1 ? b.unsqueeze(1) : b;
+  // As at::matmul: broadcast the batch dims first, then bmm says what does
+  // not match ([batch, m1] vs [batch, m2]). Dividing numel by n * m1 here
+  // once crashed on empty tensors (SIGFPE).
   std::int64_t n = A.size(-2), m1 = A.size(-1), m2 = B.size(-2), p = B.size(-1);
-  if (m1 != m2) {
-    std::ostringstream os;
-    os << "Expected size for first two dimensions of batch2 tensor to be: [" << A.numel() / (n * m1) << ", " << m1
-       << "] but got: [" << B.numel() / std::max<std::int64_t>(m2 * p, 1) << ", " << m2 << "].";
-    fail(os.str());
-  }
   std::vector<std::int64_t> ba(A.sizes().begin(), A.sizes().end() - 2), bbs(B.sizes().begin(), B.sizes().end() - 2);
   std::vector<std::int64_t> batch = broadcastShapes(ba, bbs);
   std::int64_t nb = 1;

@@ -523,10 +523,12 @@ Tensor Tensor::as_strided(IntArrayRef size, IntArrayRef stride, std::optional<st
 Tensor Tensor::diagonal(std::int64_t offset, std::int64_t dim1, std::int64_t dim2, SourceLocation loc) const {
   trace::Scope scope("diagonal", loc);
   std::int64_t nd = dim();
+  // PyTorch names the dims as given (diagonal(0, -1, 1) of a matrix: "-1, 1").
+  std::string given = std::to_string(dim1) + ", " + std::to_string(dim2);
   dim1 = wrapDim(dim1, nd);
   dim2 = wrapDim(dim2, nd);
   if (dim1 == dim2)
-    fail("diagonal dimensions cannot be identical " + std::to_string(dim1) + ", " + std::to_string(dim2));
+    fail("diagonal dimensions cannot be identical " + given);
   std::int64_t off = storage_offset(), len;
   if (offset >= 0) {
     len = std::max<std::int64_t>(std::min(size(dim1), size(dim2) - offset), 0);

@@ -433,3 +433,34 @@ TEST(Copies, BlockedTransposeValues) {
             ASSERT_EQ(pg[j * shape[0] + i], pr[i * shape[1] + j]) << i << "," << j;
       }
 }
+
+// --- found by the differential test against LibTorch (test/differential) ----------------
+
+TEST(Differential, DiagonalNamesTheDimsAsGiven) {
+  // torch.zeros(2, 3).diagonal(0, -1, 1): "... identical -1, 1"
+  tt::Tensor a = tt::zeros({2, 3});
+  EXPECT_EQ(errorOf([&] { a.diagonal(0, -1, 1); }), "diagonal dimensions cannot be identical -1, 1");
+}
+
+TEST(Differential, SecondBackwardThroughNodesWithoutSavedTensors) {
+  // x.expand(4, 3).sum().backward() twice: ExpandBackward and SumBackward
+  // save no tensors, so PyTorch runs them again (x.grad = 8); x.exp() saves
+  // its result and refuses.
+  tt::Tensor x = tt::ones({1, 3}).requires_grad_(true);
+  tt::Tensor s = x.expand({4, 3}).sum();
+  s.backward();
+  EXPECT_EQ(errorOf([&] { s.backward(); }), "<no error>");
+  EXPECT_FLOAT_EQ(x.grad().index({0, 0}).item<float>(), 8.0f);
+  tt::Tensor e = x.exp().sum();
+  e.backward();
+  EXPECT_NE(errorOf([&] { e.backward(); }).find("Trying to backward through the graph a second time"),
+            std::string::npos);
+}
+
+TEST(Differential, BatchedMatmulOfEmptyTensors) {
+  // Once a SIGFPE (numel / 0). torch.matmul(torch.zeros(2, 0, 3), torch.zeros(2, 4, 5)):
+  // "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [2, 4]."
+  EXPECT_EQ(errorOf([] { tt::matmul(tt::zeros({2, 0, 3}), tt::zeros({2, 4, 5})); }),
+            "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [2, 4].");
+  EXPECT_EQ(v(tt::matmul(tt::zeros({2, 0, 3}), tt::zeros({2, 3, 5})).sizes()), (V{2, 0, 5}));
+}
