@@ -6,6 +6,7 @@
 # triggered it (the tool aborts, the worker's crash is reported, exit 3).
 #
 #   scripts/sanitize-check.sh [suite ...]   default: checks analysis tool verify runtime realistic
+#   scripts/sanitize-check.sh --build-only  configure and build only (scripts/fuzz.sh uses it)
 #
 # TT_ASAN_BUILD_DIR (default build-asan), TT_JOBS (default 2) for the build.
 # Not in CI: the sanitized build alone takes ~35 minutes on 2 cores.
@@ -13,6 +14,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${TT_ASAN_BUILD_DIR:-$ROOT/build-asan}
 JOBS=${TT_JOBS:-2}
+BUILD_ONLY=0
+if [ "${1:-}" = "--build-only" ]; then BUILD_ONLY=1; shift; fi
 SUITES=("$@")
 ((${#SUITES[@]})) || SUITES=(checks analysis tool verify runtime realistic)
 
@@ -35,8 +38,11 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG -gline-tables-only" \
     "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG -gline-tables-only" \
     -DTT_SANITIZE=ON -DTT_ENABLE_CUDA=OFF ${TT_CMAKE_ARGS:-} >/dev/null
+elif [ -n "${TT_CMAKE_ARGS:-}" ]; then
+  cmake -B "$BUILD" ${TT_CMAKE_ARGS} >/dev/null
 fi
-ninja -C "$BUILD" -j"$JOBS" tensor-tidy TensorTidyModule tt_runtime
+ninja -C "$BUILD" -j"$JOBS" tensor-tidy TensorTidyModule tt_runtime ${TT_EXTRA_TARGETS:-}
+((BUILD_ONLY)) && exit 0
 
 PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 DIRS=()
