@@ -266,7 +266,7 @@ Tensor toImpl(const Tensor &self, ScalarType dt, Device dev, bool copy, std::opt
 
 Tensor cloneImpl(const Tensor &self, MemoryFormat fmt, CopyKind kind) {
   const TensorImpl &s = *self.unsafeGetTensorImpl();
-  std::vector<std::int64_t> strides = fmt == MemoryFormat::Contiguous ? contiguousStrides(s.sizes) : preservedStrides(s);
+  std::vector<std::int64_t> strides = fmt == MemoryFormat::Contiguous ? contiguousStrides(s.sizes) : denseStridesLike(s);
   Tensor out = makeTensor(s.sizes, strides, s.dtype, s.storage->device());
   copyData(out, self, kind);
   recordUnary(self, out, "CloneBackward0", [](const Tensor &g) { return g; });
@@ -655,14 +655,23 @@ Tensor Tensor::contiguous(MemoryFormat, SourceLocation loc) const {
 
 Tensor &Tensor::copy_(const Tensor &src, bool non_blocking, SourceLocation loc) const {
   trace::Scope scope("copy_", loc);
-  checkWritable(*this);
-  assertNoPartialOverlap(*unsafeGetTensorImpl(), *src.unsafeGetTensorImpl());
-  std::vector<std::int64_t> b = broadcastShapes(sizes(), src.sizes());
-  if (!sizes().equals(b))
-    fail("output with shape " + shapeString(sizes()) + " doesn't match the broadcast shape " + shapeString(b));
+  autograd::checkInplace(*this);
+  // As at::copy_ (1.13): copying a tensor onto itself does nothing (no
+  // overlap check either: x.copy_(x) of an expanded x is fine); the version
+  // still bumps and autograd still records. Another handle on the same data
+  // is copied (and checked) as usual.
+  bool sameData = is_same(src);
+  if (!sameData) {
+    assertNoInternalOverlap(*unsafeGetTensorImpl());
+    assertNoPartialOverlap(*unsafeGetTensorImpl(), *src.unsafeGetTensorImpl());
+    std::vector<std::int64_t> b = broadcastShapes(sizes(), src.sizes());
+    if (!sizes().equals(b))
+      fail("output with shape " + shapeString(sizes()) + " doesn't match the broadcast shape " + shapeString(b));
+  }
   std::uint32_t before = _version();
   bool rec = autograd::shouldRecord({this, &src});
-  copyData(*this, src, CopyKind::Copy_, non_blocking);
+  if (!sameData)
+    copyData(*this, src, CopyKind::Copy_, non_blocking);
   if (trace::on() && src.dtype() != dtype())
     trace::convert(*src.unsafeGetTensorImpl(), *unsafeGetTensorImpl());
   bumpVersion(*this, "copy_", before);

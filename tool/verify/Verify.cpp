@@ -444,8 +444,14 @@ void Verifier::runProgram(Program &P, bool Fixed, const std::string &Exe) {
   std::vector<StringRef> Env(EnvStore.begin(), EnvStore.end());
   std::vector<std::string> Args = {Exe};
   Args.insert(Args.end(), ProgramArgs.begin(), ProgramArgs.end());
-  RunResult R =
-      execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, MemoryMB);
+#ifdef TT_VERIFY_SANITIZE
+  // ASan reserves terabytes of address space for its shadow memory: a limit
+  // on it (--verify-memory) stops a sanitized program before main.
+  unsigned Limit = 0;
+#else
+  unsigned Limit = MemoryMB;
+#endif
+  RunResult R = execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, Limit);
   Trace T = Trace::load(TracePath, P.Dir);
   (Fixed ? P.FixedRun : P.OrigRun) = std::move(R);
   (Fixed ? P.FixedTrace : P.OrigTrace) = std::move(T);

@@ -464,3 +464,33 @@ TEST(Differential, BatchedMatmulOfEmptyTensors) {
             "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [2, 4].");
   EXPECT_EQ(v(tt::matmul(tt::zeros({2, 0, 3}), tt::zeros({2, 3, 5})).sizes()), (V{2, 0, 5}));
 }
+
+TEST(Differential, GradientKeepsTheInputsDtype) {
+  // A 0-d result times a double: PyTorch's engine casts the gradient back to
+  // float (tt raised "expected scalar type Double but found Float").
+  tt::Tensor x = tt::arange(3, tt::kFloat).requires_grad_(true);
+  x.matmul(x).mul(2.0).backward();
+  EXPECT_EQ(x.grad().dtype(), tt::kFloat);
+  EXPECT_FLOAT_EQ(x.grad().sum().item<float>(), 12.0f);
+}
+
+TEST(Differential, CopyOntoTheSameDataDoesNothing) {
+  // x = torch.ones(1, 3).expand(4, 3); x.copy_(x): no overlap error, version + 1.
+  tt::Tensor x = tt::ones({1, 3}).expand({4, 3});
+  std::uint32_t before = x._version();
+  EXPECT_EQ(errorOf([&] { x.copy_(x); }), "<no error>");
+  EXPECT_EQ(x._version(), before + 1);
+  EXPECT_NE(errorOf([&] { x.copy_(tt::zeros({4, 3})); }).find("more than one element"), std::string::npos);
+}
+
+TEST(Differential, CloneOfANonDenseViewKeepsItsStrideOrder) {
+  // torch.zeros(3, 4).t()[:, ::2].clone().stride() == (1, 4) (was contiguous (2, 1));
+  // torch.zeros(2, 3, 4).permute(2, 0, 1)[::2].clone().stride() == (1, 6, 2).
+  tt::Tensor x = tt::zeros({3, 4}).t().slice(1, 0, 4, 2);
+  EXPECT_EQ(v(x.strides()), (V{1, 8}));
+  EXPECT_EQ(v(x.clone().strides()), (V{1, 4}));
+  EXPECT_EQ(v(tt::empty_like(x).strides()), (V{1, 4}));
+  tt::Tensor y = tt::zeros({2, 3, 4}).permute({2, 0, 1}).slice(0, 0, 4, 2);
+  EXPECT_EQ(v(y.clone().strides()), (V{1, 6, 2}));
+  EXPECT_EQ(v(y.clone(tt::MemoryFormat::Contiguous).strides()), (V{6, 3, 1}));
+}
