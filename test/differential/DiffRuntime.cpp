@@ -323,10 +323,22 @@ std::string errorText(const std::exception &E) {
   return E.what();
 }
 
+/// tt speaks PyTorch's Python spelling of a tensor type ("torch.FloatTensor",
+/// as docs and users quote it); LibTorch's C++ says "CPUFloatType".
+std::string pythonTypeNames(std::string Msg) {
+  for (const char *Type : {"Float", "Double", "Long", "Int", "Bool", "Half"}) {
+    std::string Cpp = std::string("CPU") + Type + "Type",
+                Py = std::string("torch.") + Type + "Tensor";
+    for (std::size_t At; (At = Msg.find(Cpp)) != std::string::npos;)
+      Msg.replace(At, Cpp.size(), Py);
+  }
+  return Msg;
+}
+
 /// The same words: tt's message (its first line) appears in LibTorch's.
 bool sameError(const std::string &Tt, const std::string &Torch) {
   std::string First = Tt.substr(0, Tt.find('\n'));
-  return !First.empty() && Torch.find(First) != std::string::npos;
+  return !First.empty() && pythonTypeNames(Torch).find(First) != std::string::npos;
 }
 
 bool closeValues(const std::vector<double> &A, const std::vector<double> &B) {
