@@ -2,26 +2,17 @@
 // the way the driver loads it (-p <dir>: CompilationDatabase::loadFromDirectory,
 // with clang's response-file expansion and interpolation) and asks it for
 // every file's commands.
+#include "FuzzSupport.h"
 #include "Paths.h"
 
 #include "clang/Tooling/CompilationDatabase.h"
-#include "llvm/Support/FileSystem.h"
 
 #include <cstdint>
 
 using namespace tensor_tidy;
 
-static const std::string &scratchDir() {
-  static std::string Dir = [] {
-    llvm::SmallString<128> P;
-    llvm::sys::fs::createUniqueDirectory("tt-fuzz-compdb", P);
-    return std::string(P);
-  }();
-  return Dir;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *Data, size_t Size) {
-  const std::string &Dir = scratchDir();
+  const std::string &Dir = scratchDir("tt-fuzz-compdb");
   if (!writeFile(Dir + "/compile_commands.json",
                  llvm::StringRef(reinterpret_cast<const char *>(Data), Size)))
     return 0;

@@ -2,10 +2,10 @@
 // .tensor-tidy file found above a source file. Then what the driver does
 // with a configuration: the enabled checks, their options, the dump.
 #include "Config.h"
+#include "FuzzSupport.h"
 #include "Paths.h"
 
 #include "ClangTidy.h"
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
 #include <cstdint>
@@ -27,15 +27,6 @@ static void useOptions(ClangTidyOptionsProvider &Provider, const std::string &Fi
   (void)configurationAsText(Options);
 }
 
-static const std::string &scratchDir() {
-  static std::string Dir = [] {
-    llvm::SmallString<128> P;
-    llvm::sys::fs::createUniqueDirectory("tt-fuzz-config", P);
-    return std::string(P);
-  }();
-  return Dir;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *Data, size_t Size) {
   std::string Text(reinterpret_cast<const char *>(Data), Size);
   std::string Error;
@@ -46,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *Data, size_t Size) {
     useOptions(*Provider, "/fuzz/src/a.cpp");
 
   // The same text as a .tensor-tidy file (the file provider's handlers).
-  std::string Dir = scratchDir();
+  std::string Dir = scratchDir("tt-fuzz-config");
   if (!writeFile(Dir + "/.tensor-tidy", Text))
     return 0;
   DriverOptions FileOpts;

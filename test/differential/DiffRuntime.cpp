@@ -30,40 +30,26 @@ namespace {
 using Shape = std::vector<std::int64_t>;
 
 // --- the two libraries behind one interface -------------------------------------------
+// The same methods on both handles; only the factory differs.
 
-template <class T> struct Lib;
+tt::Tensor arangeOf(tt::Tensor *, std::int64_t N) { return tt::arange(N, tt::kFloat); }
+at::Tensor arangeOf(at::Tensor *, std::int64_t N) { return at::arange(N, at::kFloat); }
 
-template <> struct Lib<tt::Tensor> {
-  static tt::Tensor leaf(const Shape &S, bool Grad) {
-    std::int64_t N = 1;
-    for (std::int64_t D : S)
-      N *= D;
-    tt::Tensor T = tt::arange(N, tt::kFloat).sub(N / 2.0).div(4.0).reshape(S).contiguous();
-    return Grad ? T.detach().requires_grad_(true) : T;
-  }
-  static std::vector<double> values(const tt::Tensor &T) {
-    tt::Tensor C = T.detach().contiguous();
-    const float *P = C.data_ptr<float>();
-    return std::vector<double>(P, P + C.numel());
-  }
-  static bool hasGradFn(const tt::Tensor &T) { return T.grad_fn() != nullptr; }
-};
+/// Values -N/8 .. N/8 in steps of 1/4, of shape S; a leaf that requires grad if asked.
+template <class Tensor> Tensor leaf(const Shape &S, bool Grad) {
+  std::int64_t N = 1;
+  for (std::int64_t D : S)
+    N *= D;
+  Tensor T =
+      arangeOf(static_cast<Tensor *>(nullptr), N).sub(N / 2.0).div(4.0).reshape(S).contiguous();
+  return Grad ? T.detach().requires_grad_(true) : T;
+}
 
-template <> struct Lib<at::Tensor> {
-  static at::Tensor leaf(const Shape &S, bool Grad) {
-    std::int64_t N = 1;
-    for (std::int64_t D : S)
-      N *= D;
-    at::Tensor T = at::arange(N, at::kFloat).sub(N / 2.0).div(4.0).reshape(S).contiguous();
-    return Grad ? T.detach().requires_grad_(true) : T;
-  }
-  static std::vector<double> values(const at::Tensor &T) {
-    at::Tensor C = T.detach().contiguous();
-    const float *P = C.data_ptr<float>();
-    return std::vector<double>(P, P + C.numel());
-  }
-  static bool hasGradFn(const at::Tensor &T) { return T.grad_fn() != nullptr; }
-};
+template <class Tensor> std::vector<double> values(const Tensor &T) {
+  Tensor C = T.detach().contiguous();
+  const float *P = C.template data_ptr<float>();
+  return std::vector<double>(P, P + C.numel());
+}
 
 // --- the op sequence --------------------------------------------------------------------
 
@@ -305,10 +291,10 @@ template <class Tensor> Observation observe(const std::vector<Tensor> &Pool) {
     Obs.Strides.emplace_back(X.strides().begin(), X.strides().end());
     Obs.Offsets.push_back(X.storage_offset());
     Obs.Versions.push_back(X._version());
-    Obs.Values.push_back(Lib<Tensor>::values(X));
+    Obs.Values.push_back(values(X));
     Obs.RequiresGrad.push_back(X.requires_grad());
-    Obs.GradFn.push_back(Lib<Tensor>::hasGradFn(X));
-    Obs.Grads.push_back(X.is_leaf() && X.grad().defined() ? Lib<Tensor>::values(X.grad())
+    Obs.GradFn.push_back(X.grad_fn() != nullptr);
+    Obs.Grads.push_back(X.is_leaf() && X.grad().defined() ? values(X.grad())
                                                           : std::vector<double>{});
   }
   for (std::size_t I = 0; I < Pool.size(); ++I)
@@ -460,8 +446,8 @@ void runSeed(unsigned Seed, unsigned Steps, bool Verbose, Totals &Tot) {
   for (int I = 0, Rank = 1 + R() % 3; I < Rank; ++I)
     S.push_back(1 + R() % 4);
   bool Grad = R() % 2;
-  std::vector<tt::Tensor> A{Lib<tt::Tensor>::leaf(S, Grad)};
-  std::vector<at::Tensor> B{Lib<at::Tensor>::leaf(S, Grad)};
+  std::vector<tt::Tensor> A{leaf<tt::Tensor>(S, Grad)};
+  std::vector<at::Tensor> B{leaf<at::Tensor>(S, Grad)};
   ++Tot.Sequences;
   for (unsigned I = 0; I < Steps && A.size() < 8; ++I) {
     std::vector<Shape> Shapes;
