@@ -17,7 +17,6 @@ import argparse
 import json
 import pathlib
 import random
-import re
 import shutil
 import subprocess
 import sys
