@@ -19,24 +19,39 @@ for var in ("TT_TRACE", "CUDA_VISIBLE_DEVICES", "HOME"):
         config.environment[var] = os.environ[var]
 
 module = os.path.join(config.tt_lib_dir, "TensorTidyModule.so")
+# A sanitized build (-DTT_SANITIZE=ON, scripts/sanitize-check.sh): programs
+# linked against the runtime need the sanitizer too, and stock clang-tidy-19
+# (not sanitized) loads the sanitized module only with ASan's runtime
+# preloaded. clang leaves its AST unfreed on purpose: no leak checks there.
+sanitize = getattr(config, "sanitize", False)
+link_sanitizer = " -fsanitize=address,undefined" if sanitize else ""
+clang_tidy = "clang-tidy-19"
+if sanitize:
+    asan_rt = subprocess.run(["clang++-19", "-print-file-name=libclang_rt.asan-x86_64.so"],
+                             capture_output=True, text=True).stdout.strip()
+    clang_tidy = "env LD_PRELOAD=%s ASAN_OPTIONS=detect_leaks=0 clang-tidy-19" % asan_rt
+    config.available_features.add("sanitize")
+    config.environment["UBSAN_OPTIONS"] = "print_stacktrace=1"
 tt_include = "-I" + os.path.join(config.tt_src_root, "runtime", "include")
 checker = os.path.join(config.tt_src_root, "test", "lit", "check_tensor_tidy.py")
 
 config.substitutions += [
     ("%tensor_tidy", os.path.join(config.tt_bin_dir, "tensor-tidy")),
     ("%tensor_clangd", os.path.join(config.tt_bin_dir, "tensor-clangd")),
-    ("%clang_tidy_plugin", "clang-tidy-19 --load=" + module),
+    ("%clang_tidy_plugin", clang_tidy + " --load=" + module),
+    ("%clang_tidy", clang_tidy),
     ("%tt_module", module),
     ("%tt_include", tt_include),
-    ("%tt_lib", "-L%s -Wl,-rpath,%s -ltt_runtime" % (config.tt_lib_dir, config.tt_lib_dir)),
+    ("%tt_lib", "-L%s -Wl,-rpath,%s -ltt_runtime%s" % (config.tt_lib_dir, config.tt_lib_dir,
+                                                       link_sanitizer)),
     ("%torch_include", config.torch_include_flags),
     ("%clangxx", "clang++-19"),
     ("%python", config.python),
     ("%tt_src", config.tt_src_root),
     ("%{tt_obj_root}", config.tt_obj_root),
-    ("%check_tensor_tidy", "%s %s --tensor-tidy=%s --module=%s --tt-include=%s" % (
+    ("%check_tensor_tidy", "%s %s --tensor-tidy=%s --module=%s --tt-include=%s --clang-tidy='%s'" % (
         config.python, checker, os.path.join(config.tt_bin_dir, "tensor-tidy"), module,
-        os.path.join(config.tt_src_root, "runtime", "include"))),
+        os.path.join(config.tt_src_root, "runtime", "include"), clang_tidy)),
 ]
 
 if config.have_tidy:
@@ -49,6 +64,8 @@ if getattr(config, "have_trace", True):
     config.available_features.add("tt-trace")
 if config.torch_include_flags:
     config.available_features.add("torch")
+if getattr(config, "have_libtorch", False):
+    config.available_features.add("libtorch")
 if config.have_cuda_build:
     config.available_features.add("cuda-build")
 try:

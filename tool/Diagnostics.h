@@ -18,8 +18,12 @@ struct TUResult {
   /// The compiler gave up on the TU (or a file could not be read); the
   /// diagnostics hold what was found before that.
   bool Failed = false;
-  /// Set by the driver, never cached: the worker died (signal or exit code).
+  /// Set by the driver, never cached: the worker died (signal or exit code),
+  /// the check that was running then (if any) and its crash report.
   std::string Crash;
+  bool TimedOut = false;
+  std::string CrashCheck;
+  std::vector<std::string> CrashLog;
   /// Every file the TU read, with a hash of the contents it saw.
   std::vector<std::pair<std::string, uint64_t>> Deps;
   std::vector<clang::tidy::ClangTidyError> Errors;

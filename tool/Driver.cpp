@@ -1,7 +1,7 @@
 #include "Driver.h"
 
 #include "Cache.h"
-#include "ConfigFiles.h"
+#include "Config.h"
 #include "Docs.h"
 #include "Paths.h"
 #include "Report.h"
@@ -35,51 +35,6 @@ using clang::tooling::CompileCommand;
 
 namespace tensor_tidy {
 namespace {
-
-/// Configuration problems found while reading .tensor-tidy/.clang-tidy files.
-using ConfigErrors = std::shared_ptr<std::vector<std::string>>;
-
-std::unique_ptr<ClangTidyOptionsProvider> makeProvider(const DriverOptions &Opts,
-                                                       ConfigErrors Errors, std::string &Error) {
-  ClangTidyOptions Default = ClangTidyOptions::getDefaults();
-  Default.Checks = "-*,tensor-*";
-  ClangTidyOptions Override;
-  Override.Checks = Opts.Checks;
-  Override.WarningsAsErrors = Opts.WarningsAsErrors;
-  Override.HeaderFilterRegex = Opts.HeaderFilter;
-  Override.SystemHeaders = Opts.SystemHeaders;
-  if (!Opts.ExtraArgs.empty())
-    Override.ExtraArgs = Opts.ExtraArgs;
-  if (!Opts.ExtraArgsBefore.empty())
-    Override.ExtraArgsBefore = Opts.ExtraArgsBefore;
-
-  std::string Text = Opts.Config, Name = "--config";
-  if (!Opts.ConfigFile.empty()) {
-    if (!Opts.Config.empty()) {
-      Error = "--config and --config-file cannot be used together";
-      return nullptr;
-    }
-    auto Buf = llvm::MemoryBuffer::getFile(Opts.ConfigFile, /*IsText=*/true);
-    if (!Buf) {
-      Error = "cannot read config file '" + Opts.ConfigFile + "': " + Buf.getError().message();
-      return nullptr;
-    }
-    Text = (*Buf)->getBuffer().str();
-    Name = Opts.ConfigFile;
-  }
-  if (!Text.empty() || !Opts.ConfigFile.empty()) {
-    auto Parsed = parseConfig(llvm::MemoryBufferRef(Text, Name), Error);
-    if (!Parsed) {
-      Error = "invalid configuration: " + Error;
-      return nullptr;
-    }
-    return std::make_unique<ConfigOptionsProvider>(ClangTidyGlobalOptions(), std::move(Default),
-                                                   std::move(*Parsed), std::move(Override));
-  }
-  // In each directory a .tensor-tidy file wins over a .clang-tidy file.
-  return makeConfigFileProvider(std::move(Default), std::move(Override),
-                                [Errors](const std::string &Msg) { Errors->push_back(Msg); });
-}
 
 bool inCI() {
   std::optional<std::string> CI = llvm::sys::Process::GetEnv("CI");
@@ -345,6 +300,22 @@ std::optional<tensor::Finding> typedFindingOf(const ClangTidyError &E, const TUR
   return std::nullopt;
 }
 
+RunReport::Failure crashFailure(const std::string &File, const TUResult &TU) {
+  std::string Why = "analysing '" + File + "' " + TU.Crash;
+  if (!TU.CrashCheck.empty())
+    Why += " in check '" + TU.CrashCheck + "'";
+  return {File, std::move(Why),
+          TU.TimedOut ? RunReport::Failure::Timeout : RunReport::Failure::Crash, TU.CrashCheck,
+          TU.CrashLog};
+}
+
+/// A failure on stderr: one line, then a crash's report, indented.
+void printFailure(const RunReport::Failure &F) {
+  reportError(F.Reason);
+  for (const std::string &L : F.Log)
+    llvm::errs() << "  " << L << "\n";
+}
+
 /// Merges in the order of the jobs; a header's finding seen from several TUs
 /// is reported once.
 RunReport merge(const Run &R) {
@@ -354,10 +325,10 @@ RunReport merge(const Run &R) {
   llvm::StringSet<> Seen, Checks;
   for (const Job &J : R.Jobs) {
     if (!J.Result.Crash.empty())
-      Report.Failures.emplace_back(J.File, "analysing '" + J.File + "' " + J.Result.Crash);
+      Report.Failures.push_back(crashFailure(J.File, J.Result));
     else if (J.Result.Failed)
-      Report.Failures.emplace_back(J.File, "'" + J.File +
-                                               "' could not be parsed; its results are incomplete");
+      Report.Failures.push_back(
+          {J.File, "'" + J.File + "' could not be parsed; its results are incomplete"});
     for (const ClangTidyError &E : J.Result.Errors) {
       std::string Key = E.DiagnosticName + '\0' + E.Message.FilePath + '\0' +
                         std::to_string(E.Message.FileOffset) + '\0' + E.Message.Message;
@@ -437,8 +408,8 @@ StageError emit(Run &R, const RunReport &Report) {
     }
   }
   llvm::outs().flush();
-  for (const auto &F : Report.Failures)
-    reportError(F.second);
+  for (const RunReport::Failure &F : Report.Failures)
+    printFailure(F);
   unsigned NumErrors = Report.errorCount();
   if (!Opts.Quiet && R.Jobs.size() > 1)
     llvm::errs() << "tensor-tidy: " << R.Jobs.size() << " files (" << R.Cached << " from cache), "

@@ -1,4 +1,5 @@
 #include "Report.h"
+#include "CrashReport.h"
 
 #include "Docs.h"
 #include "Paths.h"
@@ -243,15 +244,36 @@ private:
   llvm::StringMap<unsigned> Seen;
 };
 
+/// A crash as a SARIF exception: the stack's frames, each as the report
+/// printed it (symbolized or not).
+json::Object sarifException(const RunReport::Failure &F) {
+  json::Array Frames;
+  for (const std::string &L : F.Log)
+    if (isStackFrame(L))
+      Frames.push_back(
+          json::Object{{"location", json::Object{{"message", json::Object{{"text", L}}}}}});
+  return json::Object{{"kind", "crash"},
+                      {"message", F.Reason},
+                      {"stack", json::Object{{"frames", std::move(Frames)}}}};
+}
+
 json::Array sarifNotifications(const RunReport &Rep, llvm::StringRef Root) {
   json::Array Notifications;
-  for (const auto &[File, Why] : Rep.Failures)
-    Notifications.push_back(json::Object{
+  for (const RunReport::Failure &F : Rep.Failures) {
+    json::Object N{
         {"level", "error"},
-        {"message", json::Object{{"text", Why}}},
+        {"message", json::Object{{"text", F.Reason}}},
         {"locations", json::Array{json::Object{
                           {"physicalLocation",
-                           json::Object{{"artifactLocation", artifactLocation(File, Root)}}}}}}});
+                           json::Object{{"artifactLocation", artifactLocation(F.File, Root)}}}}}}};
+    if (!F.Check.empty())
+      N["associatedRule"] = json::Object{{"id", F.Check}};
+    if (!F.Log.empty()) {
+      N["exception"] = sarifException(F);
+      N["properties"] = json::Object{{"crashReport", json::Array(F.Log)}};
+    }
+    Notifications.push_back(std::move(N));
+  }
   return Notifications;
 }
 
@@ -323,8 +345,15 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
     Diags.push_back(std::move(D));
   }
   json::Array Failures;
-  for (const auto &[File, Why] : Rep.Failures)
-    Failures.push_back(json::Object{{"file", File}, {"reason", Why}});
+  for (const RunReport::Failure &F : Rep.Failures) {
+    static const char *const Kinds[] = {"parse-error", "crash", "timeout"};
+    json::Object O{{"file", F.File}, {"kind", Kinds[F.What]}, {"reason", F.Reason}};
+    if (!F.Check.empty())
+      O["check"] = F.Check;
+    if (!F.Log.empty())
+      O["crashReport"] = json::Array(F.Log);
+    Failures.push_back(std::move(O));
+  }
   json::Object Out{{"tool", "tensor-tidy"},
                    {"version", TT_VERSION},
                    {"diagnostics", std::move(Diags)},

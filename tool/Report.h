@@ -23,8 +23,15 @@ struct RunReport {
   /// The typed finding behind each error (same index); none for compiler
   /// diagnostics and under a check that emits none.
   std::vector<std::optional<clang::tidy::tensor::Finding>> Typed;
-  /// Translation units that could not be (fully) analysed: file, reason.
-  std::vector<std::pair<std::string, std::string>> Failures;
+  /// A translation unit that could not be (fully) analysed.
+  struct Failure {
+    enum Kind { ParseError, Crash, Timeout };
+    std::string File, Reason;
+    Kind What = ParseError;
+    std::string Check;            // the check that crashed, when one did
+    std::vector<std::string> Log; // a crash's report (stack dump, sanitizer)
+  };
+  std::vector<Failure> Failures;
   std::vector<std::string> EnabledChecks;
   /// Checks whose findings are errors by configuration (WarningsAsErrors).
   std::set<std::string> ErrorChecks;

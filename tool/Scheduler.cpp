@@ -1,5 +1,7 @@
 #include "Scheduler.h"
 
+#include "CrashReport.h"
+
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -14,8 +16,12 @@
 
 namespace tensor_tidy {
 
+static bool timedOut(int Status, unsigned TimeoutSec) {
+  return WIFSIGNALED(Status) && WTERMSIG(Status) == SIGALRM && TimeoutSec;
+}
+
 static std::string describeExit(int Status, unsigned TimeoutSec) {
-  if (WIFSIGNALED(Status) && WTERMSIG(Status) == SIGALRM && TimeoutSec)
+  if (timedOut(Status, TimeoutSec))
     return "timed out (after " + std::to_string(TimeoutSec) + " s)";
   if (WIFSIGNALED(Status))
     return std::string("crashed (") + strsignal(WTERMSIG(Status)) + ")";
@@ -46,8 +52,9 @@ static std::string describeExit(int Status, unsigned TimeoutSec) {
 }
 
 // A finished worker's result: its JSON when it exited cleanly, else a crash
-// described from its exit status.
-static TUResult collectResult(int Status, const std::string &JsonPath, unsigned TimeoutSec) {
+// described from its exit status and its log (the check, the stack).
+static TUResult collectResult(int Status, const std::string &JsonPath, const std::string &LogPath,
+                              unsigned TimeoutSec) {
   TUResult R;
   if (WIFEXITED(Status) && WEXITSTATUS(Status) == 0)
     if (auto Buf = llvm::MemoryBuffer::getFile(JsonPath)) {
@@ -59,6 +66,12 @@ static TUResult collectResult(int Status, const std::string &JsonPath, unsigned 
     }
   R = TUResult();
   R.Crash = describeExit(Status, TimeoutSec);
+  R.TimedOut = timedOut(Status, TimeoutSec);
+  if (auto Buf = llvm::MemoryBuffer::getFile(LogPath)) {
+    CrashDetails D = crashDetailsFromLog((*Buf)->getBuffer());
+    R.CrashCheck = std::move(D.Check);
+    R.CrashLog = std::move(D.Lines);
+  }
   return R;
 }
 
@@ -111,7 +124,7 @@ std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<s
       continue;
     size_t Job = It->second;
     Running.erase(It);
-    TUResult R = collectResult(Status, PathFor(Job, ".json"), TimeoutSec);
+    TUResult R = collectResult(Status, PathFor(Job, ".json"), PathFor(Job, ".log"), TimeoutSec);
     llvm::sys::fs::remove(PathFor(Job, ".json"));
     llvm::sys::fs::remove(PathFor(Job, ".log"));
     Done(Job, std::move(R));

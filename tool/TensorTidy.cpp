@@ -1,6 +1,7 @@
 // tensor-tidy: runs the tensor-* checks through clang-tidy's library.
 // Thin on purpose: the command line lives here, the run in Driver.cpp, the
 // analysis in rules/.
+#include "CrashReport.h"
 #include "Docs.h"
 #include "Driver.h"
 #include "Paths.h"
@@ -9,6 +10,7 @@
 #include "clang/Tooling/CompilationDatabase.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/PrettyStackTrace.h"
 #include "llvm/Support/raw_ostream.h"
 
 using namespace tensor_tidy;
@@ -18,6 +20,16 @@ namespace clang::tidy {
 extern volatile int TensorTidyModuleAnchorSource;
 static int LLVM_ATTRIBUTE_UNUSED TensorTidyModuleAnchorDestination = TensorTidyModuleAnchorSource;
 } // namespace clang::tidy
+
+// A sanitized build (-DTT_SANITIZE=ON): clang's frontend leaves its AST and
+// options unfreed on purpose, so leak checking would report only that; a
+// sanitizer's report ends in abort() so that LLVM's crash handler adds the
+// stack dump that names the running check (CrashReport.h).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+extern "C" const char *__asan_default_options() { return "detect_leaks=0:abort_on_error=1"; }
+#endif
+#endif
 
 static cl::OptionCategory Category("tensor-tidy options");
 
@@ -91,6 +103,8 @@ static const char Overview[] =
 
 int main(int argc, const char **argv) {
   llvm::InitLLVM X(argc, argv);
+  // The first line of a crashed worker's report (CrashReport.h), not LLVM's.
+  llvm::setBugReportMsg(CrashBanner);
   setExecutablePath(argv[0]);
   verify::registerOptions(Category);
   cl::HideUnrelatedOptions(Category);

@@ -10,6 +10,8 @@
 #include "clang/Tooling/ArgumentsAdjusters.h"
 #include "clang/Tooling/Tooling.h"
 
+#include <cstdlib>
+
 using namespace clang;
 using namespace clang::tidy;
 using namespace clang::tooling;
@@ -106,6 +108,16 @@ private:
 
 } // namespace
 
+/// Test-only (docs/robustness.md): TENSOR_TIDY_TEST_CRASH=<check> makes the
+/// worker crash when that check reports a finding, inside the check's
+/// callback, so that the crash reporting can be tested end to end.
+static void crashForTestsIn(llvm::StringRef Check) {
+  static const char *Victim = std::getenv("TENSOR_TIDY_TEST_CRASH");
+  // abort(), as a failed assertion or llvm_unreachable in a check would.
+  if (Victim && Check == Victim)
+    std::abort();
+}
+
 /// Paths in diagnostics are relative to the build directory of the command;
 /// the driver merges TUs from many directories, so make them absolute.
 static std::string absoluteIn(llvm::StringRef Dir, llvm::StringRef Path) {
@@ -163,7 +175,10 @@ TUResult analyzeTU(const std::string &File, const std::vector<CompileCommand> &C
 
   ActionFactory Factory(Context, Result, Options.SystemHeaders.value_or(false));
   // The checks' typed findings, next to their diagnostics (rules/analysis/Finding.h).
-  tensor::setFindingSink([&Result](tensor::Finding F) { Result.Findings.push_back(std::move(F)); });
+  tensor::setFindingSink([&Result](tensor::Finding F) {
+    crashForTestsIn(F.Check);
+    Result.Findings.push_back(std::move(F));
+  });
   bool RunFailed = Tool.run(&Factory) != 0;
   tensor::setFindingSink(nullptr);
   Result.Errors = DiagConsumer.take();

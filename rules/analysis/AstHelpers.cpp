@@ -180,8 +180,10 @@ bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx) {
 CharSourceRange wholeLines(SourceLocation B, SourceLocation E, const SourceManager &SM) {
   std::pair<FileID, unsigned> BI = SM.getDecomposedLoc(B), EI = SM.getDecomposedLoc(E);
   StringRef Buf = SM.getBufferData(BI.first);
-  unsigned LineStart = Buf.rfind('\n', BI.second) + 1;
-  unsigned LineEnd = Buf.find('\n', EI.second);
+  // size_t: a last line without '\n' has LineEnd == npos (an unsigned made
+  // it 4294967295 and the removal ran past the end of the file).
+  size_t LineStart = Buf.rfind('\n', BI.second) + 1;
+  size_t LineEnd = Buf.find('\n', EI.second);
   if (Buf.slice(LineStart, BI.second).trim().empty() && LineEnd != StringRef::npos &&
       Buf.slice(EI.second + 1, LineEnd).trim().empty())
     return CharSourceRange::getCharRange(B.getLocWithOffset(-(int)(BI.second - LineStart)),

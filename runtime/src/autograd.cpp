@@ -288,7 +288,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grads) {
 }
 
 std::vector<Tensor> LambdaNode::apply(std::vector<Tensor> grads) {
-  if (released)
+  if (released && held_tensors)
     fail("Trying to backward through the graph a second time (or directly access saved tensors after they have "
          "already been freed). Saved intermediate values of the graph are freed when you call .backward() or "
          "autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or if "

@@ -107,8 +107,10 @@ public:
   std::string name() const override { return name_; }
   std::vector<Tensor> apply(std::vector<Tensor> grads) override;
   void release() override {
-    for (auto &s : saved)
+    for (auto &s : saved) {
+      held_tensors = held_tensors || s.defined();
       s.reset();
+    }
     released = true;
   }
   std::size_t num_outputs() const override { return outputs_; }
@@ -123,6 +125,9 @@ public:
   std::vector<std::vector<std::int64_t>> shapes; // input shapes etc.
   std::vector<ScalarType> dtypes;
   std::vector<Scalar> scalars;
+  // Whether release() freed saved tensors: only such a node refuses a second
+  // backward, as in PyTorch (a node that saved only sizes runs again).
+  bool held_tensors = false;
 
 private:
   std::string name_;

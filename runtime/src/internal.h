@@ -115,6 +115,9 @@ Tensor makeView(const Tensor &self, IntArrayRef sizes, IntArrayRef strides, std:
 // Strides PyTorch gives a preserve_format result of self's shape: self's own
 // when self is non-overlapping and dense, else contiguous ones.
 std::vector<std::int64_t> preservedStrides(const TensorImpl &self);
+// clone() and empty_like() with MemoryFormat::Preserve: self's strides when
+// dense, else dense strides in self's stride order (at::infer_dense_strides).
+std::vector<std::int64_t> denseStridesLike(const TensorImpl &self);
 // Strides of the output of an elementwise op over inputs of shape `shape`
 // (TensorIterator's dimension reordering).
 std::vector<std::int64_t> elementwiseStrides(IntArrayRef shape, const std::vector<const TensorImpl *> &inputs);

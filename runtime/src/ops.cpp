@@ -378,6 +378,13 @@ Tensor binaryRaw(BinaryOp op, const Tensor &a, const Tensor &b, ScalarType dt, c
   return out ? *out : o;
 }
 
+// A gradient in its input's dtype, as PyTorch's engine casts it
+// (validate_outputs): a saved number (x * 2.0 keeps a double) must not turn
+// a float gradient into a double one.
+Tensor asInputType(const Tensor &g, ScalarType dt) {
+  return g.defined() && g.dtype() != dt && isFloatingType(dt) ? g.to(dt) : g;
+}
+
 // PyTorch's mul/mm/bmm: self is saved only for other's gradient and other
 // only for self's (derivatives.yaml), so an in-place write to a factor whose
 // partner does not require grad is fine (tt/ops.def: TT_SAVES Cross).
@@ -404,17 +411,18 @@ std::shared_ptr<LambdaNode> binaryNode(BinaryOp op, const Tensor &a, const Tenso
     break;
   }
   case BinaryOp::Mul:
-    make([as, bs](const std::vector<Tensor> &g, LambdaNode &n) {
-      Tensor ga = n.next[0].valid() ? sumTo(g[0] * n.get(1), as) : Tensor();
-      Tensor gb = n.next.size() > 1 && n.next[1].valid() ? sumTo(g[0] * n.get(0), bs) : Tensor();
+    make([as, bs, at = a.dtype(), bt = b.dtype()](const std::vector<Tensor> &g, LambdaNode &n) {
+      Tensor ga = n.next[0].valid() ? asInputType(sumTo(g[0] * n.get(1), as), at) : Tensor();
+      Tensor gb = n.next.size() > 1 && n.next[1].valid() ? asInputType(sumTo(g[0] * n.get(0), bs), bt)
+                                                          : Tensor();
       return std::vector<Tensor>{ga, gb};
     });
     saveCross(*fn, a, b); // PyTorch: each factor only for the other's gradient
     break;
   case BinaryOp::Div:
-    make([as, bs](const std::vector<Tensor> &g, LambdaNode &n) {
+    make([as, bs, at = a.dtype()](const std::vector<Tensor> &g, LambdaNode &n) {
       Tensor bb = n.get(1);
-      Tensor ga = n.next[0].valid() ? sumTo(g[0] / bb, as) : Tensor();
+      Tensor ga = n.next[0].valid() ? asInputType(sumTo(g[0] / bb, as), at) : Tensor();
       Tensor gb = n.next.size() > 1 && n.next[1].valid() ? sumTo(-g[0] * n.get(0) / (bb * bb), bs) : Tensor();
       return std::vector<Tensor>{ga, gb};
     });
@@ -778,13 +786,10 @@ Tensor matmulImpl(const Tensor &a, const Tensor &b) {
   }
   // Batched: broadcast batch dims.
   Tensor A = da == 1 ? a.unsqueeze(0) : a, B = db == 1 ? b.unsqueeze(1) : b;
+  // As at::matmul: broadcast the batch dims first, then bmm says what does
+  // not match ([batch, m1] vs [batch, m2]). Dividing numel by n * m1 here
+  // once crashed on empty tensors (SIGFPE).
   std::int64_t n = A.size(-2), m1 = A.size(-1), m2 = B.size(-2), p = B.size(-1);
-  if (m1 != m2) {
-    std::ostringstream os;
-    os << "Expected size for first two dimensions of batch2 tensor to be: [" << A.numel() / (n * m1) << ", " << m1
-       << "] but got: [" << B.numel() / std::max<std::int64_t>(m2 * p, 1) << ", " << m2 << "].";
-    fail(os.str());
-  }
   std::vector<std::int64_t> ba(A.sizes().begin(), A.sizes().end() - 2), bbs(B.sizes().begin(), B.sizes().end() - 2);
   std::vector<std::int64_t> batch = broadcastShapes(ba, bbs);
   std::int64_t nb = 1;

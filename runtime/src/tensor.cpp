@@ -282,6 +282,50 @@ std::vector<std::int64_t> preservedStrides(const TensorImpl &self) {
   return contiguousStrides(self.sizes);
 }
 
+namespace {
+// at::infer_dense_strides' order: -1 dim0 first, 1 dim1 first, 0 ambiguous
+// (a stride of 0 keeps the contiguous order; equal strides: smaller size first).
+int strideOrder(const TensorImpl &t, std::size_t d0, std::size_t d1) {
+  std::int64_t s0 = t.strides[d0], s1 = t.strides[d1];
+  if (s0 == 0 || s1 == 0)
+    return 0;
+  if (s0 != s1)
+    return s0 < s1 ? -1 : 1;
+  return t.sizes[d0] > t.sizes[d1] ? 1 : 0;
+}
+} // namespace
+
+std::vector<std::int64_t> denseStridesLike(const TensorImpl &self) {
+  if (self.is_non_overlapping_and_dense())
+    return self.strides;
+  // at::empty_like(Preserve) of a strided tensor that is not dense: dense
+  // strides in the input's stride order (at::infer_dense_strides).
+  std::size_t nd = self.sizes.size();
+  if (nd <= 1)
+    return contiguousStrides(self.sizes);
+  std::vector<std::size_t> perm(nd); // perm[0]: the fastest dim
+  for (std::size_t i = 0; i < nd; ++i)
+    perm[i] = nd - 1 - i;
+  for (std::size_t i = 1; i < nd; ++i)
+    for (std::size_t d1 = i, j = 1; j <= i; ++j) { // a stable insertion sort
+      std::size_t d0 = i - j;
+      int c = strideOrder(self, perm[d0], perm[d1]);
+      if (c < 0)
+        break;
+      if (c > 0) {
+        std::swap(perm[d0], perm[d1]);
+        d1 = d0;
+      }
+    }
+  std::vector<std::int64_t> out(nd);
+  std::int64_t cur = 1;
+  for (std::size_t idx : perm) {
+    out[idx] = cur;
+    cur *= std::max<std::int64_t>(self.sizes[idx], 1);
+  }
+  return out;
+}
+
 // TensorIterator::reorder_dimensions + the output's strides: dims sorted by
 // the inputs' strides (first input decides, broadcast dims skipped), so an
 // elementwise result follows a permuted input's layout.
@@ -678,7 +722,7 @@ Tensor likeImpl(const Tensor &self, const TensorOptions &o) {
   const TensorImpl &s = *self.unsafeGetTensorImpl();
   ScalarType dt = o.has_dtype() ? o.dtype() : s.dtype;
   Device dev = o.has_device() ? o.device() : s.storage->device();
-  return makeTensor(s.sizes, preservedStrides(s), dt, dev);
+  return makeTensor(s.sizes, denseStridesLike(s), dt, dev);
 }
 } // namespace
 

@@ -266,7 +266,7 @@ Tensor toImpl(const Tensor &self, ScalarType dt, Device dev, bool copy, std::opt
 
 Tensor cloneImpl(const Tensor &self, MemoryFormat fmt, CopyKind kind) {
   const TensorImpl &s = *self.unsafeGetTensorImpl();
-  std::vector<std::int64_t> strides = fmt == MemoryFormat::Contiguous ? contiguousStrides(s.sizes) : preservedStrides(s);
+  std::vector<std::int64_t> strides = fmt == MemoryFormat::Contiguous ? contiguousStrides(s.sizes) : denseStridesLike(s);
   Tensor out = makeTensor(s.sizes, strides, s.dtype, s.storage->device());
   copyData(out, self, kind);
   recordUnary(self, out, "CloneBackward0", [](const Tensor &g) { return g; });
@@ -523,10 +523,12 @@ Tensor Tensor::as_strided(IntArrayRef size, IntArrayRef stride, std::optional<st
 Tensor Tensor::diagonal(std::int64_t offset, std::int64_t dim1, std::int64_t dim2, SourceLocation loc) const {
   trace::Scope scope("diagonal", loc);
   std::int64_t nd = dim();
+  // PyTorch names the dims as given (diagonal(0, -1, 1) of a matrix: "-1, 1").
+  std::string given = std::to_string(dim1) + ", " + std::to_string(dim2);
   dim1 = wrapDim(dim1, nd);
   dim2 = wrapDim(dim2, nd);
   if (dim1 == dim2)
-    fail("diagonal dimensions cannot be identical " + std::to_string(dim1) + ", " + std::to_string(dim2));
+    fail("diagonal dimensions cannot be identical " + given);
   std::int64_t off = storage_offset(), len;
   if (offset >= 0) {
     len = std::max<std::int64_t>(std::min(size(dim1), size(dim2) - offset), 0);
@@ -653,14 +655,23 @@ Tensor Tensor::contiguous(MemoryFormat, SourceLocation loc) const {
 
 Tensor &Tensor::copy_(const Tensor &src, bool non_blocking, SourceLocation loc) const {
   trace::Scope scope("copy_", loc);
-  checkWritable(*this);
-  assertNoPartialOverlap(*unsafeGetTensorImpl(), *src.unsafeGetTensorImpl());
-  std::vector<std::int64_t> b = broadcastShapes(sizes(), src.sizes());
-  if (!sizes().equals(b))
-    fail("output with shape " + shapeString(sizes()) + " doesn't match the broadcast shape " + shapeString(b));
+  autograd::checkInplace(*this);
+  // As at::copy_ (1.13): copying a tensor onto itself does nothing (no
+  // overlap check either: x.copy_(x) of an expanded x is fine); the version
+  // still bumps and autograd still records. Another handle on the same data
+  // is copied (and checked) as usual.
+  bool sameData = is_same(src);
+  if (!sameData) {
+    assertNoInternalOverlap(*unsafeGetTensorImpl());
+    assertNoPartialOverlap(*unsafeGetTensorImpl(), *src.unsafeGetTensorImpl());
+    std::vector<std::int64_t> b = broadcastShapes(sizes(), src.sizes());
+    if (!sizes().equals(b))
+      fail("output with shape " + shapeString(sizes()) + " doesn't match the broadcast shape " + shapeString(b));
+  }
   std::uint32_t before = _version();
   bool rec = autograd::shouldRecord({this, &src});
-  copyData(*this, src, CopyKind::Copy_, non_blocking);
+  if (!sameData)
+    copyData(*this, src, CopyKind::Copy_, non_blocking);
   if (trace::on() && src.dtype() != dtype())
     trace::convert(*src.unsafeGetTensorImpl(), *unsafeGetTensorImpl());
   bumpVersion(*this, "copy_", before);

@@ -30,6 +30,9 @@ def main():
     p.add_argument("--module", required=True)
     p.add_argument("--tt-include", required=True)
     p.add_argument("--runner", choices=["tensor-tidy", "clang-tidy"], default="tensor-tidy")
+    p.add_argument("--clang-tidy", default="clang-tidy-19",
+                   help="the clang-tidy command for --runner=clang-tidy (a sanitized build "
+                        "preloads ASan's runtime)")
     p.add_argument("--check-suffix", "--check-suffixes", dest="suffixes", default="",
                    help="comma-separated suffixes: CHECK-MESSAGES-<S>, CHECK-FIXES-<S>")
     p.add_argument("--std", default="c++17")
@@ -70,7 +73,7 @@ def main():
     if a.runner == "tensor-tidy":
         cmd = [a.tensor_tidy, temp, "--fix", "--checks=" + checks] + tool_args + ["--"] + cc_args
     else:
-        cmd = ["clang-tidy-19", "--load=" + a.module, temp, "--fix", "--checks=" + checks,
+        cmd = shlex.split(a.clang_tidy) + ["--load=" + a.module, temp, "--fix", "--checks=" + checks,
                "--quiet"] + tool_args + ["--"] + cc_args
     res = run(cmd)
     out = res.stdout

@@ -503,6 +503,10 @@ bool Verifier::build(Program &P, const Variant *V, std::string &Log, std::string
   if (!RT.LibDir.empty())
     Args.insert(Args.end(), {"-L" + RT.LibDir, "-Wl,-rpath," + RT.LibDir});
   Args.push_back("-ltt_runtime");
+#ifdef TT_VERIFY_SANITIZE
+  // This tensor-tidy and its runtime are built with ASan+UBSan (TT_SANITIZE).
+  Args.push_back("-fsanitize=address,undefined");
+#endif
   RunResult R = execute(Args, P.Dir, std::nullopt, "", Scratch, Tag + ".build", 300, 0);
   Log = R.Stderr + R.Stdout;
   return R.Started && R.RC == 0;
@@ -520,8 +524,14 @@ void Verifier::runProgram(Program &P, Variant *V, const std::string &Exe) {
   std::vector<StringRef> Env(EnvStore.begin(), EnvStore.end());
   std::vector<std::string> Args = {Exe};
   Args.insert(Args.end(), ProgramArgs.begin(), ProgramArgs.end());
-  RunResult R =
-      execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, MemoryMB);
+#ifdef TT_VERIFY_SANITIZE
+  // ASan reserves terabytes of address space for its shadow memory: a limit
+  // on it (--verify-memory) stops a sanitized program before main.
+  unsigned Limit = 0;
+#else
+  unsigned Limit = MemoryMB;
+#endif
+  RunResult R = execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, Limit);
   Trace T = Trace::load(TracePath, P.Dir);
   (V ? V->Run : P.OrigRun) = std::move(R);
   (V ? V->T : P.OrigTrace) = std::move(T);

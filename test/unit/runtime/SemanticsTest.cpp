@@ -433,3 +433,64 @@ TEST(Copies, BlockedTransposeValues) {
             ASSERT_EQ(pg[j * shape[0] + i], pr[i * shape[1] + j]) << i << "," << j;
       }
 }
+
+// --- found by the differential test against LibTorch (test/differential) ----------------
+
+TEST(Differential, DiagonalNamesTheDimsAsGiven) {
+  // torch.zeros(2, 3).diagonal(0, -1, 1): "... identical -1, 1"
+  tt::Tensor a = tt::zeros({2, 3});
+  EXPECT_EQ(errorOf([&] { a.diagonal(0, -1, 1); }), "diagonal dimensions cannot be identical -1, 1");
+}
+
+TEST(Differential, SecondBackwardThroughNodesWithoutSavedTensors) {
+  // x.expand(4, 3).sum().backward() twice: ExpandBackward and SumBackward
+  // save no tensors, so PyTorch runs them again (x.grad = 8); x.exp() saves
+  // its result and refuses.
+  tt::Tensor x = tt::ones({1, 3}).requires_grad_(true);
+  tt::Tensor s = x.expand({4, 3}).sum();
+  s.backward();
+  EXPECT_EQ(errorOf([&] { s.backward(); }), "<no error>");
+  EXPECT_FLOAT_EQ(x.grad().index({0, 0}).item<float>(), 8.0f);
+  tt::Tensor e = x.exp().sum();
+  e.backward();
+  EXPECT_NE(errorOf([&] { e.backward(); }).find("Trying to backward through the graph a second time"),
+            std::string::npos);
+}
+
+TEST(Differential, BatchedMatmulOfEmptyTensors) {
+  // Once a SIGFPE (numel / 0). torch.matmul(torch.zeros(2, 0, 3), torch.zeros(2, 4, 5)):
+  // "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [2, 4]."
+  EXPECT_EQ(errorOf([] { tt::matmul(tt::zeros({2, 0, 3}), tt::zeros({2, 4, 5})); }),
+            "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [2, 4].");
+  EXPECT_EQ(v(tt::matmul(tt::zeros({2, 0, 3}), tt::zeros({2, 3, 5})).sizes()), (V{2, 0, 5}));
+}
+
+TEST(Differential, GradientKeepsTheInputsDtype) {
+  // A 0-d result times a double: PyTorch's engine casts the gradient back to
+  // float (tt raised "expected scalar type Double but found Float").
+  tt::Tensor x = tt::arange(3, tt::kFloat).requires_grad_(true);
+  x.matmul(x).mul(2.0).backward();
+  EXPECT_EQ(x.grad().dtype(), tt::kFloat);
+  EXPECT_FLOAT_EQ(x.grad().sum().item<float>(), 12.0f);
+}
+
+TEST(Differential, CopyOntoTheSameDataDoesNothing) {
+  // x = torch.ones(1, 3).expand(4, 3); x.copy_(x): no overlap error, version + 1.
+  tt::Tensor x = tt::ones({1, 3}).expand({4, 3});
+  std::uint32_t before = x._version();
+  EXPECT_EQ(errorOf([&] { x.copy_(x); }), "<no error>");
+  EXPECT_EQ(x._version(), before + 1);
+  EXPECT_NE(errorOf([&] { x.copy_(tt::zeros({4, 3})); }).find("more than one element"), std::string::npos);
+}
+
+TEST(Differential, CloneOfANonDenseViewKeepsItsStrideOrder) {
+  // torch.zeros(3, 4).t()[:, ::2].clone().stride() == (1, 4) (was contiguous (2, 1));
+  // torch.zeros(2, 3, 4).permute(2, 0, 1)[::2].clone().stride() == (1, 6, 2).
+  tt::Tensor x = tt::zeros({3, 4}).t().slice(1, 0, 4, 2);
+  EXPECT_EQ(v(x.strides()), (V{1, 8}));
+  EXPECT_EQ(v(x.clone().strides()), (V{1, 4}));
+  EXPECT_EQ(v(tt::empty_like(x).strides()), (V{1, 4}));
+  tt::Tensor y = tt::zeros({2, 3, 4}).permute({2, 0, 1}).slice(0, 0, 4, 2);
+  EXPECT_EQ(v(y.clone().strides()), (V{1, 6, 2}));
+  EXPECT_EQ(v(y.clone(tt::MemoryFormat::Contiguous).strides()), (V{6, 3, 1}));
+}

@@ -1,7 +1,9 @@
 // Unit tests of the pure parts of tensor-tidy: exit-code precedence, the
 // typed finding's JSON form, trace loading, line mapping and the verdict
 // rules of the verification table.
+#include "CrashReport.h"
 #include "ExitCode.h"
+#include "analysis/AstHelpers.h"
 #include "analysis/Finding.h"
 #include "verify/Compare.h"
 #include "verify/LineMap.h"
@@ -9,7 +11,12 @@
 #include "verify/Trace.h"
 #include "verify/Verdict.h"
 
+#include "clang/Frontend/ASTUnit.h"
+#include "clang/Tooling/Tooling.h"
+
 #include <gtest/gtest.h>
+
+#include <tuple>
 
 using namespace tensor_tidy;
 using namespace tensor_tidy::verify;
@@ -309,4 +316,65 @@ TEST(Verdicts, ViewErrorConfirms) {
   RuleAt A(tensor::HazardKind::ViewThrows, 8);
   EXPECT_EQ(A.J.Verdict, HazardVerdict::Confirmed);
   EXPECT_EQ(A.J.Evidence[0], "view at m.cpp:8 threw \"view size is not compatible\"");
+}
+
+// --- crash reports (docs/robustness.md) ---------------------------------------------
+
+TEST(CrashReport, StackDumpNamesTheRunningCheck) {
+  const char *Log = "some output\n"
+                    "Stack dump:\n"
+                    "0.\tProgram arguments: tensor-tidy a.cpp\n"
+                    "1.\t<eof> parser at end of file\n"
+                    "2.\tASTMatcher: Processing 'tensor-view-non-contiguous' against:\n"
+                    "\tCXXMemberCallExpr : <a.cpp:3:10>\n"
+                    " #0 0x00007f0000001234 llvm::sys::PrintStackTrace(llvm::raw_ostream&, int)\n"
+                    " #1 0x00007f0000005678 (/lib/libLLVM.so.19+0x1234)\n";
+  CrashDetails D = crashDetailsFromLog(Log);
+  EXPECT_EQ(D.Check, "tensor-view-non-contiguous");
+  ASSERT_EQ(D.Lines.size(), 7u);
+  EXPECT_EQ(D.Lines.front(), "Stack dump:");
+  EXPECT_TRUE(isStackFrame(D.Lines[5]));
+  EXPECT_FALSE(isStackFrame(D.Lines[1]));
+}
+
+TEST(CrashReport, SanitizerReportComesFirst) {
+  const char *Log = "==12==ERROR: AddressSanitizer: heap-use-after-free on address 0x6\n"
+                    "    #0 0x55 in f(int) /src/a.cpp:3:5\n"
+                    "Stack dump:\n";
+  CrashDetails D = crashDetailsFromLog(Log);
+  EXPECT_EQ(D.Check, "");
+  ASSERT_EQ(D.Lines.size(), 3u);
+  EXPECT_EQ(D.Lines[0], "==12==ERROR: AddressSanitizer: heap-use-after-free on address 0x6");
+  EXPECT_TRUE(isStackFrame(D.Lines[1]));
+}
+
+TEST(CrashReport, NoReportAndLongReports) {
+  EXPECT_TRUE(crashDetailsFromLog("plain output\n").Lines.empty());
+  std::string Long = "Stack dump:\n";
+  for (int I = 0; I < 200; ++I)
+    Long += " #" + std::to_string(I) + " 0x1 f\n";
+  EXPECT_EQ(crashDetailsFromLog(Long).Lines.size(), MaxCrashLines);
+  EXPECT_FALSE(isStackFrame("#"));
+  EXPECT_FALSE(isStackFrame("#12"));
+  EXPECT_FALSE(isStackFrame("#x 0x1"));
+}
+
+// --- fix-it ranges ------------------------------------------------------------------
+
+// wholeLines(offset 9, offset 14) in Code: (is a token range, begin, end offsets).
+static std::tuple<bool, unsigned, unsigned> wholeLinesIn(llvm::StringRef Code) {
+  std::unique_ptr<clang::ASTUnit> AST = clang::tooling::buildASTFromCode(Code);
+  const clang::SourceManager &SM = AST->getSourceManager();
+  clang::SourceLocation Start = SM.getLocForStartOfFile(SM.getMainFileID());
+  clang::CharSourceRange R =
+      tensor::wholeLines(Start.getLocWithOffset(9), Start.getLocWithOffset(14), SM);
+  return {R.isTokenRange(), SM.getFileOffset(R.getBegin()), SM.getFileOffset(R.getEnd())};
+}
+
+// A statement on the last line of a file without a final newline (a
+// truncated file): the removal range once ran 4 GiB past the end of the file.
+TEST(AstHelpers, WholeLinesStaysInsideAFileWithoutFinalNewline) {
+  EXPECT_EQ(wholeLinesIn("int a;\n  int b;"), std::make_tuple(true, 9u, 14u));
+  // With the newline, the whole line goes (a char range over "  int b;\n").
+  EXPECT_EQ(wholeLinesIn("int a;\n  int b;\n"), std::make_tuple(false, 7u, 16u));
 }
