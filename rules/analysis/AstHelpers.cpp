@@ -1,5 +1,6 @@
 #include "analysis/AstHelpers.h"
 
+#include "clang/AST/Attr.h"
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
 #include "clang/AST/ParentMapContext.h"
@@ -62,6 +63,16 @@ bool isModuleHolderType(QualType T) {
   };
   return IsHolder(RD) ||
          !RD->getDefinition()->forallBases([&](const CXXRecordDecl *B) { return !IsHolder(B); });
+}
+
+const FunctionDecl *readableCallee(const FunctionDecl *FD) {
+  const FunctionDecl *Def = FD ? FD->getDefinition() : nullptr;
+  if (!Def || isTensorLibraryCode(Def))
+    return nullptr;
+  if (const auto *MD = dyn_cast<CXXMethodDecl>(Def);
+      MD && MD->isVirtual() && !MD->hasAttr<FinalAttr>() && !MD->getParent()->hasAttr<FinalAttr>())
+    return nullptr;
+  return Def;
 }
 
 bool isModuleCall(const CallExpr *Call) {

@@ -49,6 +49,11 @@ bool isInNamespace(const Decl *D, llvm::ArrayRef<llvm::StringRef> Names);
 /// their bodies implement the ops the table describes; never analysed.
 bool isTensorLibraryCode(const Decl *D);
 
+/// The one body a direct call to FD runs, when the TU has it: FD's
+/// definition, outside the tensor libraries, and not a virtual method an
+/// override may replace (unless final). Null otherwise.
+const FunctionDecl *readableCallee(const FunctionDecl *FD);
+
 /// An op of the tensor libraries' API (namespaces tt, at, torch), whose
 /// semantics the op table gives by name.
 bool isTensorApi(const FunctionDecl *FD);

@@ -418,15 +418,11 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
 }
 
 // A tensor returned by a function of the TU: what its body makes of inputs
-// taken with the defaults, when that says more than the defaults. Virtual
-// calls may reach another body.
+// taken with the defaults, when that says more than the defaults.
 std::optional<TensorFact> LayoutAnalysis::Impl::calleeResult(const CallExpr *Call,
                                                              const FunctionDecl *FD) {
-  const FunctionDecl *Def = FD->getDefinition();
-  const auto *MD = dyn_cast<CXXMethodDecl>(FD);
-  if (!Callees || !Def || !Model.isTensorExpr(Call) ||
-      (MD && MD->isVirtual() && !MD->hasAttr<FinalAttr>() &&
-       !MD->getParent()->hasAttr<FinalAttr>()))
+  const FunctionDecl *Def = readableCallee(FD);
+  if (!Callees || !Def || !Model.isTensorExpr(Call))
     return std::nullopt;
   const LayoutAnalysis *L = Callees(Def);
   if (!L || !L->returnFact())

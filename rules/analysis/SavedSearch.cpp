@@ -124,14 +124,12 @@ void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Ou
 }
 
 // The saving op whose result every return of Call's callee gives (a function
-// of the TU with one body to read: not virtual).
+// of the TU with one body to read).
 SavedBy returnedSaver(const TensorModel &Model, const Expr *Def, CalleeGrads Callees,
                       unsigned Depth) {
   const auto *Call = dyn_cast_or_null<CallExpr>(Def ? viewRoot(Def, Model) : nullptr);
-  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
-  FD = FD ? FD->getDefinition() : nullptr;
-  const auto *MD = dyn_cast_or_null<CXXMethodDecl>(FD);
-  if (!FD || Depth >= 2 || isTensorLibraryCode(FD) || (MD && MD->isVirtual()))
+  const FunctionDecl *FD = Call ? readableCallee(Call->getDirectCallee()) : nullptr;
+  if (!FD || Depth >= 2)
     return {};
   const GradFacts *G = Callees(FD);
   llvm::SmallVector<const ReturnStmt *, 2> Returns;

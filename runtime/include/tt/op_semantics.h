@@ -2,6 +2,7 @@
 // checks include it without linking the runtime.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -47,14 +48,25 @@ constexpr const OpInfo *lookup(std::string_view name) {
   return nullptr;
 }
 
+// A row of one of ops.def's per-op sections: the op and its value there.
+template <typename V> struct NamedRow {
+  std::string_view name;
+  V value;
+};
+
+// The value of `name` in a section's rows; Fallback when it is not listed.
+template <typename V, std::size_t N>
+constexpr V valueIn(const NamedRow<V> (&rows)[N], std::string_view name, V fallback) {
+  for (const NamedRow<V> &r : rows)
+    if (r.name == name)
+      return r.value;
+  return fallback;
+}
+
 // What a differentiable op saves for backward (TT_SAVES); Nothing if unlisted.
 enum class Saves : std::uint8_t { Nothing, Result, Self, SelfResult, Inputs, Cross, Divisor };
 
-struct SavesInfo {
-  std::string_view name;
-  Saves saves;
-};
-inline constexpr SavesInfo kSaves[] = {
+inline constexpr NamedRow<Saves> kSaves[] = {
 #define TT_OP(Name, S, L, A)
 #define TT_SAVES(Name, What) {#Name, Saves::What},
 #include "tt/ops.def"
@@ -62,12 +74,7 @@ inline constexpr SavesInfo kSaves[] = {
 #undef TT_OP
 };
 
-constexpr Saves savesOf(std::string_view name) {
-  for (const SavesInfo &s : kSaves)
-    if (s.name == name)
-      return s.saves;
-  return Saves::Nothing;
-}
+constexpr Saves savesOf(std::string_view name) { return valueIn(kSaves, name, Saves::Nothing); }
 
 // Whether the op saves its result / its tensor argument `index` (0: self, 1:
 // the other) for backward, given which arguments require grad.
@@ -111,11 +118,7 @@ constexpr bool isUnsupported(std::string_view name) {
 // In-place ops PyTorch does not reject on an expanded tensor (a stride-0
 // dimension of size > 1): TT_EXPANDED_WRITE rows. Every other in-place op raises.
 enum class ExpandedWrite : std::uint8_t { Raises, Accepted, Deprecated };
-struct ExpandedWriteRow {
-  std::string_view name;
-  ExpandedWrite verdict;
-};
-inline constexpr ExpandedWriteRow kExpandedWrites[] = {
+inline constexpr NamedRow<ExpandedWrite> kExpandedWrites[] = {
 #define TT_OP(Name, S, L, A)
 #define TT_EXPANDED_WRITE(Name, V) {#Name, ExpandedWrite::V},
 #include "tt/ops.def"
@@ -124,20 +127,13 @@ inline constexpr ExpandedWriteRow kExpandedWrites[] = {
 };
 
 constexpr ExpandedWrite expandedWrite(std::string_view name) {
-  for (const ExpandedWriteRow &r : kExpandedWrites)
-    if (r.name == name)
-      return r.verdict;
-  return ExpandedWrite::Raises;
+  return valueIn(kExpandedWrites, name, ExpandedWrite::Raises);
 }
 
 // The result dtype rule of ops.def's TT_RESULT_DTYPE section; Self for ops
 // not listed (self's dtype when every tensor operand has it).
 enum class ResultDType : std::uint8_t { Self, Bool, Long, Floating };
-struct ResultDTypeRow {
-  std::string_view name;
-  ResultDType rule;
-};
-inline constexpr ResultDTypeRow kResultDTypes[] = {
+inline constexpr NamedRow<ResultDType> kResultDTypes[] = {
 #define TT_OP(Name, S, L, A)
 #define TT_RESULT_DTYPE(Name, Rule) {#Name, ResultDType::Rule},
 #include "tt/ops.def"
@@ -146,10 +142,7 @@ inline constexpr ResultDTypeRow kResultDTypes[] = {
 };
 
 constexpr ResultDType resultDType(std::string_view name) {
-  for (const ResultDTypeRow &r : kResultDTypes)
-    if (r.name == name)
-      return r.rule;
-  return ResultDType::Self;
+  return valueIn(kResultDTypes, name, ResultDType::Self);
 }
 
 // Every method whose name ends in '_' (but not "__") writes self in place, by
