@@ -6,10 +6,11 @@
 //    the overhead measured in TensorFastChecks.inc;
 //  - provideDefaultChecks: tensor-* is on unless configuration turns it off;
 //  - provideClangTidyFiles: .tensor-tidy/.clang-tidy are read as the CLI does.
-// Diagnostics link to our check docs (DocLinks.h).
+// Diagnostics link to our check docs (DocLinks.h) and offer a NOLINT fix.
 #include "ConfigFiles.h"
 #include "DocLinks.h"
 #include "Docs.h"
+#include "analysis/TensorCheck.h"
 
 #include "ClangTidyOptions.h"
 #include "llvm/ADT/FunctionExtras.h"
@@ -104,6 +105,7 @@ std::vector<char *> withResourceDir(int argc, char *argv[]) {
 
 int main(int argc, char *argv[]) {
   tensor_tidy::setExecutablePath(argv[0]); // the check docs are found beside it
+  clang::tidy::tensor::TensorCheck::offerSuppressionFixes(true);
   // Static: also drained and restored when clangd calls exit() (--version does).
   static tensor_clangd::DocLinkRewriter Links;
   std::vector<char *> Args = tensor_clangd::withResourceDir(argc, argv);

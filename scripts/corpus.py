@@ -225,6 +225,20 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
+def memory(stats_path, index):
+    """Peak resident memory per TU (the tool's --tu-stats): the largest, the
+    median, and each TU's figure in MiB."""
+    files = load_json(stats_path, "per-TU stats")["files"]
+    per_tu = []
+    for f in files:
+        project, rel = locate(f["file"], index)
+        per_tu.append({"project": project, "file": rel, "outcome": f["outcome"],
+                       "seconds": round(f["seconds"], 1),
+                       "peak_rss_mib": round(f["peak_rss_kib"] / 1024.0, 1)})
+    peaks = sorted(t["peak_rss_mib"] for t in per_tu) or [0]
+    return {"max_mib": peaks[-1], "median_mib": peaks[len(peaks) // 2], "per_tu": per_tu}
+
+
 def finding(d, index):
     project, rel = locate(d["file"], index)
     return {"project": project, "file": rel, "line": d["line"], "column": d["column"],
@@ -238,9 +252,10 @@ def cmd_run(opts):
     if not (os.path.isfile(opts.tool) and os.access(opts.tool, os.X_OK)):
         raise InputError("no tensor-tidy at '%s' (build it, or pass --tool)" % opts.tool)
     raw = os.path.join(out, "tensor-tidy.json")
+    stats = os.path.join(out, "tu-stats.json")
     start, cpu0 = time.monotonic(), children_cpu()
     rc = subprocess.run(tool_cmd(opts, out, ["-j", str(opts.jobs), "--timeout=%d" % opts.timeout,
-                                             "-o", raw])).returncode
+                                             "-o", raw, "--tu-stats=" + stats])).returncode
     wall, cpu = time.monotonic() - start, children_cpu() - cpu0
     if rc not in (0, 1, 3):
         raise InputError("tensor-tidy exited %d on '%s'" % (rc, out))
@@ -254,12 +269,15 @@ def cmd_run(opts):
     results = {"tool": opts.tool, "version": report.get("version"), "tus": len(db),
                "projects": len(index), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
                "jobs": opts.jobs,
+               "memory": memory(stats, index),
                "failures": failures,
                "findings": [finding(d, index) for d in report["diagnostics"]]}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    print("corpus: %d TUs of %d projects in %.0f s (-j%d, %.0f s CPU): %d findings, %d failures"
-          % (len(db), len(index), wall, opts.jobs, cpu, len(results["findings"]), len(failures)))
+    print("corpus: %d TUs of %d projects in %.0f s (-j%d, %.0f s CPU): %d findings, %d failures;"
+          " peak memory per TU: max %.0f MiB, median %.0f MiB"
+          % (len(db), len(index), wall, opts.jobs, cpu, len(results["findings"]), len(failures),
+             results["memory"]["max_mib"], results["memory"]["median_mib"]))
     return 0
 
 

@@ -8,12 +8,15 @@
 #   scripts/sanitize-check.sh [suite ...]   default: checks analysis tool verify runtime realistic
 #   scripts/sanitize-check.sh --build-only  configure and build only (scripts/fuzz.sh uses it)
 #
-# TT_ASAN_BUILD_DIR (default build-asan), TT_JOBS (default 2) for the build.
-# Not in CI: the sanitized build alone takes ~35 minutes on 2 cores.
+# TT_ASAN_BUILD_DIR (default build-asan), TT_JOBS (default 2) for the build;
+# TT_ASAN_OPT (default '-O1 -gline-tables-only') for our code's optimisation.
+# The full run is not in CI (the build alone takes ~35 minutes on 2 cores); a
+# CI-sized subset is, through scripts/sanitized-subset.sh.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${TT_ASAN_BUILD_DIR:-$ROOT/build-asan}
 JOBS=${TT_JOBS:-2}
+OPT=${TT_ASAN_OPT:--O1 -gline-tables-only}
 BUILD_ONLY=0
 if [ "${1:-}" = "--build-only" ]; then BUILD_ONLY=1; shift; fi
 SUITES=("$@")
@@ -35,8 +38,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   # -O1 with line tables: readable stacks, and half the compile time of -O3.
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 \
-    "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG -gline-tables-only" \
-    "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG -gline-tables-only" \
+    "-DCMAKE_CXX_FLAGS_RELEASE=${OPT} -DNDEBUG" "-DCMAKE_C_FLAGS_RELEASE=${OPT} -DNDEBUG" \
     -DTT_SANITIZE=ON -DTT_ENABLE_CUDA=OFF ${TT_CMAKE_ARGS:-} >/dev/null
 elif [ -n "${TT_CMAKE_ARGS:-}" ]; then
   cmake -B "$BUILD" ${TT_CMAKE_ARGS} >/dev/null

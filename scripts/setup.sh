@@ -9,8 +9,9 @@ PACKAGES=(cmake ninja-build g++ python3 python3-jsonschema python3-psutil
           clang-19 libclang-19-dev llvm-19-dev llvm-19-tools clang-tidy-19
           libgtest-dev libbenchmark-dev libopenblas-dev libtorch-dev python3-torch)
 # Optional: tensor-clangd links clangd's libraries, which need grpc/protobuf/absl;
-# its editor test drives Neovim. Without them that target and test are skipped.
-OPTIONAL=(libgrpc++-dev libprotobuf-dev libabsl-dev neovim)
+# its editor test drives Neovim; the sanitized subset needs clang's sanitizer
+# runtime and OpenMP. Without them that target and those tests are skipped.
+OPTIONAL=(libgrpc++-dev libprotobuf-dev libabsl-dev neovim libclang-rt-19-dev libomp-19-dev)
 not_installed() {
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"

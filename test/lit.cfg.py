@@ -31,6 +31,7 @@ if sanitize:
                              capture_output=True, text=True).stdout.strip()
     clang_tidy = "env LD_PRELOAD=%s ASAN_OPTIONS=detect_leaks=0 clang-tidy-19" % asan_rt
     config.available_features.add("sanitize")
+    config.name = "tensor-tidy-sanitized"  # apart from the same tests in the plain build
     config.environment["UBSAN_OPTIONS"] = "print_stacktrace=1"
 tt_include = "-I" + os.path.join(config.tt_src_root, "runtime", "include")
 checker = os.path.join(config.tt_src_root, "test", "lit", "check_tensor_tidy.py")

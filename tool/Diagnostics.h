@@ -30,6 +30,10 @@ struct TUResult {
   /// The checks' typed findings (rules/analysis/Finding.h), paths absolute.
   std::vector<clang::tidy::tensor::Finding> Findings;
   bool FromCache = false;
+  /// Set by the driver, never cached: the worker's wall time and peak
+  /// resident memory (0 when the result came from the cache).
+  double Seconds = 0;
+  uint64_t PeakRssKiB = 0;
 };
 
 llvm::json::Value toJSON(const TUResult &R);

@@ -14,6 +14,8 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
@@ -290,6 +292,30 @@ StageError analyse(Run &R) {
   return std::nullopt;
 }
 
+/// --tu-stats: per TU, in the order of the run, where the result came from, the
+/// worker's wall time and peak resident memory. Apart from the report, whose
+/// contents stay the same from run to run.
+StageError writeStats(Run &R) {
+  if (R.Opts.StatsFile.empty())
+    return std::nullopt;
+  llvm::json::Array Files;
+  for (const Job &J : R.Jobs)
+    Files.push_back(llvm::json::Object{
+        {"file", J.File},
+        {"cached", J.Result.FromCache},
+        {"outcome", J.Result.Crash.empty() ? (J.Result.Failed ? "parse-error" : "analysed")
+                                           : (J.Result.TimedOut ? "timeout" : "crash")},
+        {"seconds", J.Result.Seconds},
+        {"peak_rss_kib", static_cast<int64_t>(J.Result.PeakRssKiB)}});
+  llvm::json::Value Out = llvm::json::Object{{"files", std::move(Files)}};
+  if (llvm::Error E = llvm::writeToOutput(R.Opts.StatsFile, [&](llvm::raw_ostream &OS) {
+        OS << llvm::formatv("{0:2}", Out) << "\n";
+        return llvm::Error::success();
+      }))
+    return "cannot write '" + R.Opts.StatsFile + "': " + llvm::toString(std::move(E));
+  return std::nullopt;
+}
+
 /// The typed finding a check emitted with diagnostic E, if any.
 std::optional<tensor::Finding> typedFindingOf(const ClangTidyError &E, const TUResult &TU) {
   for (const tensor::Finding &F : TU.Findings)
@@ -440,7 +466,7 @@ RunReport runDriver(DriverOptions &Opts) {
       return usageError(*E);
     return RunReport();
   }
-  for (auto Stage : {loadDatabase, makeJobs, openOutputs, analyse})
+  for (auto Stage : {loadDatabase, makeJobs, openOutputs, analyse, writeStats})
     if (StageError E = Stage(R))
       return usageError(*E);
 

@@ -29,6 +29,7 @@ struct DriverOptions {
   std::vector<std::string> ExtraArgs, ExtraArgsBefore;
   bool Fix = false, ListChecks = false, DumpConfig = false, Quiet = false, NoCache = false;
   std::string ExportFixes, Explain, Output, CacheDir;
+  std::string StatsFile; // per-TU time and peak memory, as JSON
   OutputFormat Format = OutputFormat::Text;
   unsigned Jobs = 0;       // 0: one per core
   unsigned TimeoutSec = 0; // per TU; 0: none

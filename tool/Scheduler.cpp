@@ -7,10 +7,12 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
 #include <map>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,7 +91,12 @@ std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<s
     return std::string(P);
   };
 
-  std::map<pid_t, size_t> Running;
+  using Clock = std::chrono::steady_clock;
+  struct Worker {
+    size_t Job;
+    Clock::time_point Start;
+  };
+  std::map<pid_t, Worker> Running;
   size_t Next = 0;
   std::string Error;
   while (Next < Pending.size() || !Running.empty()) {
@@ -107,12 +114,13 @@ std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<s
         Done(Job, std::move(R));
         continue;
       }
-      Running[Pid] = Job;
+      Running[Pid] = {Job, Clock::now()};
     }
     if (Running.empty())
       continue;
     int Status = 0;
-    pid_t Pid = waitpid(-1, &Status, 0);
+    struct rusage Usage = {};
+    pid_t Pid = wait4(-1, &Status, 0, &Usage);
     if (Pid < 0) {
       if (errno == EINTR)
         continue;
@@ -122,9 +130,12 @@ std::string runInWorkers(unsigned Jobs, unsigned TimeoutSec, const std::vector<s
     auto It = Running.find(Pid);
     if (It == Running.end())
       continue;
-    size_t Job = It->second;
+    size_t Job = It->second.Job;
+    std::chrono::duration<double> Took = Clock::now() - It->second.Start;
     Running.erase(It);
     TUResult R = collectResult(Status, PathFor(Job, ".json"), PathFor(Job, ".log"), TimeoutSec);
+    R.Seconds = Took.count();
+    R.PeakRssKiB = Usage.ru_maxrss; // KiB on Linux
     llvm::sys::fs::remove(PathFor(Job, ".json"));
     llvm::sys::fs::remove(PathFor(Job, ".log"));
     Done(Job, std::move(R));

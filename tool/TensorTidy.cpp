@@ -62,6 +62,9 @@ static cl::opt<bool> Fix("fix", cl::desc("Apply the fix-its in place"), cl::cat(
 static cl::opt<std::string>
     ExportFixes("export-fixes", cl::desc("Write fixes as YAML for clang-apply-replacements"),
                 cl::value_desc("file"), cl::cat(Category));
+static cl::opt<std::string>
+    Stats("tu-stats", cl::desc("Write each TU's time and peak memory (of its worker) as JSON"),
+          cl::value_desc("file"), cl::cat(Category));
 static cl::opt<bool> ListChecks("list-checks", cl::desc("List the enabled checks and exit"),
                                 cl::cat(Category));
 static cl::opt<bool> DumpConfig("dump-config",
@@ -145,6 +148,7 @@ int main(int argc, const char **argv) {
   Opts.ExtraArgsBefore.assign(ExtraArgsBefore.begin(), ExtraArgsBefore.end());
   Opts.Fix = Fix;
   Opts.ExportFixes = ExportFixes;
+  Opts.StatsFile = Stats;
   Opts.ListChecks = ListChecks;
   Opts.DumpConfig = DumpConfig;
   Opts.Explain = Explain;

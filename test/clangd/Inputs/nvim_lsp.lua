@@ -2,8 +2,9 @@
 --   TT_CLANGD=<server> TT_ROOT=<project> TT_STEPS=<steps> nvim --headless --clean -c 'luafile nvim_lsp.lua'
 -- TT_STEPS is a ';'-separated list, run in order:
 --   open:<file>          open <file> (relative to TT_ROOT), print its diagnostics
---   fix:<file>:<code>    ask for the quick fixes of <file>'s first <code> diagnostic,
---                        apply the first, print the edited line and the new diagnostics
+--   fix:<file>:<code>[@<word>]  ask for the quick fixes of <file>'s first <code>
+--                        diagnostic, apply the first (or the first whose title has
+--                        <word>), print the edited line and the new diagnostics
 --   hover:<file>:<l>:<c> print the first line of clangd's hover at line l, column c
 -- Prints one line per fact (DIAG/NOTE/ACTION/LINE) on stdout; exits 1 on any error.
 local timeout = tonumber(os.getenv('TT_TIMEOUT_MS') or '120000')
@@ -80,7 +81,7 @@ local function open(client, file)
   print_diagnostics(file, diagnostics(bufnr))
 end
 
-local function fix(client, file, code)
+local function fix(client, file, code, word)
   local bufnr = assert(buffers[file], file .. ' is not open')
   local target
   for _, d in ipairs(diagnostics(bufnr)) do
@@ -98,7 +99,17 @@ local function fix(client, file, code)
   for _, action in ipairs(reply.result) do
     out('ACTION ' .. action.title)
   end
-  vim.lsp.util.apply_workspace_edit(reply.result[1].edit, client.offset_encoding)
+  local chosen = reply.result[1]
+  if word then
+    chosen = nil
+    for _, action in ipairs(reply.result) do
+      if not chosen and action.title:find(word, 1, true) then
+        chosen = action
+      end
+    end
+    assert(chosen, 'no quick fix titled with ' .. word)
+  end
+  vim.lsp.util.apply_workspace_edit(chosen.edit, client.offset_encoding)
   local line = target.range.start.line
   out(string.format('LINE %d: %s', line + 1, vim.trim(vim.api.nvim_buf_get_lines(bufnr, line, line + 1, true)[1])))
   print_diagnostics(file, diagnostics(bufnr))
@@ -123,8 +134,11 @@ local function main()
     if kind == 'open' then
       open(client, rest)
     elseif kind == 'fix' then
-      local file, code = rest:match('^(.*):([%w-]+)$')
-      fix(client, file, code)
+      local file, code, word = rest:match('^(.*):([%w-]+)@(.+)$')
+      if not file then
+        file, code = rest:match('^(.*):([%w-]+)$')
+      end
+      fix(client, file, code, word)
     elseif kind == 'hover' then
       local file, line, col = rest:match('^(.*):(%d+):(%d+)$')
       hover(client, file, tonumber(line), tonumber(col))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """same_diagnostics.py <tensor-tidy.json> <nvim_lsp.lua output>: the tensor-*
 diagnostics the CLI reported and those tensor-clangd published must be the same:
-check, severity, message (clangd capitalises it and appends ' (fix available)'),
+check, severity, message (clangd capitalises it and appends ' (fix[es] available)'),
 the CLI's point inside the LSP range, and the same notes (but clang's "expanded
 from macro" notes, which clangd leaves out). Prints the differences and exits 1,
 or prints one summary line."""
@@ -10,11 +10,12 @@ import re
 import sys
 
 MACRO_NOTE = re.compile(r"expanded from macro '.*'$")
+FIXES = re.compile(r" \(fix(es)? available\)$")
 LINE = re.compile(r"^(DIAG|NOTE) \S+?:(\d+):(\d+)-(\d+):(\d+) (?:(\w+) \[(\S+)\] )?(.*)$")
 
 
 def text(message):
-    message = message.removesuffix(" (fix available)")
+    message = FIXES.sub("", message)
     return message[:1].lower() + message[1:]
 
 
