@@ -83,9 +83,23 @@ LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
 const GradFacts *AnalysisManager::gradAt(const Stmt *S) {
   return cachedFor(S, Grads, [this](const FunctionDecl *FD) {
     auto G = std::make_unique<GradFacts>(Model, Ctx);
-    G->run(FD);
+    G->run(FD, gradOffAtEntry(FD));
     return G;
   });
+}
+
+bool AnalysisManager::gradOffAtEntry(const FunctionDecl *FD, unsigned Depth) {
+  if (Depth > 2 || !InEntryQuery.insert(FD).second)
+    return false; // deep, or recursive: assume grad on, as at the top level
+  if (!Calls)
+    Calls.emplace(Ctx);
+  std::optional<llvm::ArrayRef<CallSites::Site>> Sites = Calls->of(FD);
+  bool Off =
+      Sites && !Sites->empty() && llvm::all_of(*Sites, [&](const CallSites::Site &S) {
+        return isUnderNoGrad(S.Call, S.Caller->getBody()) || gradOffAtEntry(S.Caller, Depth + 1);
+      });
+  InEntryQuery.erase(FD);
+  return Off;
 }
 
 DeviceFacts *AnalysisManager::devicesAt(const Stmt *S) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "analysis/AliasAnalysis.h"
+#include "analysis/CallSites.h"
 #include "analysis/DeviceFacts.h"
 #include "analysis/GradFacts.h"
 #include "analysis/LayoutAnalysis.h"
@@ -42,10 +43,15 @@ private:
                MakeFn Make);
 
   std::unique_ptr<LayoutAnalysis> makeLayout(const FunctionDecl *FD);
+  /// FD is called in the main file, and only with grad mode off: under a
+  /// no-grad guard at each call, or in a caller that is itself (two levels).
+  bool gradOffAtEntry(const FunctionDecl *FD, unsigned Depth = 0);
 
   const TensorModel &Model;
   ASTContext &Ctx;
   llvm::DenseSet<const FunctionDecl *> InLayout; // being analysed
+  std::optional<CallSites> Calls;                // built on first use
+  llvm::DenseSet<const FunctionDecl *> InEntryQuery;
   AliasAnalysis Alias;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;

@@ -481,10 +481,11 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
 GradFacts::GradFacts(const TensorModel &Model, ASTContext &Ctx) : Model(Model), Ctx(Ctx) {}
 GradFacts::~GradFacts() = default;
 
-void GradFacts::run(const FunctionDecl *FD) {
+void GradFacts::run(const FunctionDecl *FD, bool OffAtEntry) {
   Stmt *Body = FD->getBody();
   if (!Body)
     return;
+  GradOffAtEntry = OffAtEntry;
   collectUnderGuard(Body, false, NoGradStmts);
   CFG::BuildOptions Opts;
   Opts.AddImplicitDtors = false;

@@ -58,7 +58,9 @@ public:
   ~GradFacts();
 
   /// Analyses FD's body (a function, method or lambda call operator).
-  void run(const FunctionDecl *FD);
+  /// GradOffAtEntry: every call of FD runs with grad mode off (the caller's
+  /// `NoGradGuard`), so its whole body does.
+  void run(const FunctionDecl *FD, bool GradOffAtEntry = false);
 
   /// The fact of the value E has at its own program point (tensor handles,
   /// containers of parameters, TensorOptions); Unknown if never recorded.
@@ -66,8 +68,8 @@ public:
 
   /// False when S runs under a no-grad guard (`NoGradGuard`,
   /// `AutoGradMode(false)`, `InferenceMode`) declared in an enclosing block
-  /// of this body.
-  bool gradEnabledAt(const Stmt *S) const { return !NoGradStmts.contains(S); }
+  /// of this body, or around every call of it.
+  bool gradEnabledAt(const Stmt *S) const { return !GradOffAtEntry && !NoGradStmts.contains(S); }
 
   /// Calls that run with grad mode off inside (`torch::nn::init::*`): their
   /// in-place writes are not recorded by autograd.
@@ -89,6 +91,7 @@ private:
   ASTContext &Ctx;
   llvm::DenseMap<const Expr *, GradFact> Facts;
   llvm::DenseSet<const Stmt *> NoGradStmts;
+  bool GradOffAtEntry = false;
   std::unique_ptr<CFG> Cfg;
   llvm::DenseMap<const Stmt *, std::pair<const CFGBlock *, unsigned>> Positions;
 };

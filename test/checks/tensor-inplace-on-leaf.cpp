@@ -68,3 +68,54 @@ Tensor nonLeaf() {
 }
 
 void input(Tensor x) { x.add_(1); }
+
+// Helpers whose every call in the file runs under the caller's no-grad guard
+// (an init helper called from a constructor's guarded block): grad mode is off
+// in them too, directly or through one more helper.
+Tensor initScaled() {
+  Tensor w = tt::randn({4}, tt::requires_grad());
+  w.mul_(0.1);
+  return w;
+}
+Tensor initTwice() { return initScaled() + initScaled(); }
+Tensor initThroughHelper() {
+  Tensor w = tt::randn({4}, tt::requires_grad());
+  w.zero_();
+  return w;
+}
+Tensor initOuter() { return initThroughHelper(); }
+Tensor makeGuarded() {
+  tt::NoGradGuard no_grad;
+  return initTwice() + initOuter();
+}
+
+// ===== positives through call sites =========================================
+
+// Called with grad on once is enough.
+Tensor initMixed() {
+  Tensor w = tt::randn({4}, tt::requires_grad());
+  w.mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'mul_' on 'w', a leaf tensor
+  return w;
+}
+Tensor useMixed() {
+  Tensor a;
+  {
+    tt::NoGradGuard no_grad;
+    a = initMixed();
+  }
+  return a + initMixed();
+}
+
+// Passed on as a callback: calls the file cannot see.
+Tensor initCallback() {
+  Tensor w = tt::randn({4}, tt::requires_grad());
+  w.mul_(0.25);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'mul_' on 'w', a leaf tensor
+  return w;
+}
+Tensor (*const InitHook)() = initCallback;
+Tensor useCallback() {
+  tt::NoGradGuard no_grad;
+  return initCallback();
+}

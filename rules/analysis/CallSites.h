@@ -1,0 +1,38 @@
+// Where the main file calls each function: the call sites of a function and
+// the functions they are in, for facts that hold at a function's entry
+// because they hold at every call (grad mode off: AnalysisManager).
+#pragma once
+
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/Expr.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SmallVector.h"
+
+#include <optional>
+
+namespace clang::tidy::tensor {
+
+class CallSites {
+public:
+  struct Site {
+    const CallExpr *Call;
+    const FunctionDecl *Caller; // the function or lambda call operator it is in
+  };
+
+  /// Indexes the declarations written in the main file (header code calling
+  /// a user's function is rare, and indexing it would walk all of LibTorch).
+  explicit CallSites(ASTContext &Ctx);
+
+  /// Every call of FD in the main file; none when FD may also be called
+  /// where the index cannot see: it is virtual, or used other than by a
+  /// direct call (its address taken, passed as a callback).
+  std::optional<llvm::ArrayRef<Site>> of(const FunctionDecl *FD) const;
+
+private:
+  llvm::DenseMap<const FunctionDecl *, llvm::SmallVector<Site, 2>> Calls;
+  llvm::DenseSet<const FunctionDecl *> Escaped;
+  friend class CallSiteIndexer;
+};
+
+} // namespace clang::tidy::tensor
