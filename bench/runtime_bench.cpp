@@ -200,7 +200,7 @@ std::vector<std::string> summarize(const std::vector<std::string> &names,
       if (!ok)
         missed.push_back(w + " at " + std::to_string(t) + " thread(s)");
       if (markdown)
-        std::printf("| %d | %s | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx | >= %.1fx | %s | %+.1f%% "
+        std::printf("| %d | %s | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx | >= %.2fx | %s | %+.1f%% "
                     "/ %+.1f%% |\n",
                     t, w.c_str(), tg->baseline, base.wall * 1e3, torch.wall * 1e3, tt.wall * 1e3,
                     rWall, rCpu, tg->goal, ok ? "met" : "**missed**", (trWall - 1) * 100,
@@ -208,7 +208,7 @@ std::vector<std::string> summarize(const std::vector<std::string> &names,
       else
         std::printf(
             "  threads=%d %-24s %-8s %8.3f  libtorch %8.3f  tt %8.3f  ratio wall %5.2fx cpu %5.2fx "
-            "(>= %.1fx) %-6s  trace-off wall %+5.1f%% cpu %+5.1f%%\n",
+            "(>= %.2fx) %-6s  trace-off wall %+5.1f%% cpu %+5.1f%%\n",
             t, w.c_str(), tg->baseline, base.wall * 1e3, torch.wall * 1e3, tt.wall * 1e3, rWall,
             rCpu, tg->goal, ok ? "met" : "MISSED", (trWall - 1) * 100, (trCpu - 1) * 100);
     }

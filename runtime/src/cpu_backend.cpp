@@ -3,6 +3,7 @@
 // operand's strides, coalesce, run a typed inner loop) split across OpenMP
 // threads. matmul goes to OpenBLAS for float/double.
 #include "backend.h"
+#include "cpu_vec.h"
 #include "internal.h"
 
 #include <algorithm>
@@ -667,6 +668,22 @@ template <typename A> A ipow(A b, A e) {
   }
 }
 
+// Runs L through the multiversioned loop fn when every inner run is
+// contiguous, or a broadcast scalar, in each operand; false otherwise.
+template <typename T> bool runVecBinary(const Loop &L, vec::BinaryFn<T> fn, T alpha) {
+  if (!fn || L.ndim == 0)
+    return false;
+  const std::int64_t es = sizeof(T), s0 = L.strides[0][L.ndim - 1], s1 = L.strides[1][L.ndim - 1],
+                     s2 = L.strides[2][L.ndim - 1];
+  if (s0 != es || (s1 != es && s1 != 0) || (s2 != es && s2 != 0) || (s1 == 0 && s2 == 0))
+    return false;
+  runLoop(L, [&](char **p, const std::int64_t *, std::int64_t n) {
+    fn(reinterpret_cast<T *>(p[0]), reinterpret_cast<const T *>(p[1]), s1 / es,
+       reinterpret_cast<const T *>(p[2]), s2 / es, alpha, n);
+  });
+  return true;
+}
+
 void cpuBinary(BinaryOp op, const TensorDesc &out, const TensorDesc &a, const TensorDesc &b,
                ScalarValue alpha) {
   Loop L = makeLoop({&out, &a, &b});
@@ -674,6 +691,9 @@ void cpuBinary(BinaryOp op, const TensorDesc &out, const TensorDesc &a, const Te
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     const A al = fromScalar<T>(alpha);
+    if constexpr (vec::kHasBinary<T>)
+      if (runVecBinary<T>(L, vec::binary<T>(op, al == A(1)), al))
+        return;
     auto run = [&](auto f) {
       mapKernel<T, T, 2>(
           L, [&](T x, T y) -> T { return store<T>(f(static_cast<A>(x), static_cast<A>(y))); });
