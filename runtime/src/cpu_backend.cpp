@@ -175,34 +175,20 @@ template <typename Inner> void runLoop(const Loop &L, Inner inner) {
 }
 
 // --- dtype dispatch ---------------------------------------------------------------------
-template <typename T> struct Tag {
-  using type = T;
-};
+// clang-format off
+template <typename T> struct Tag { using type = T; };
 template <typename F> void dispatch(ScalarType t, F f) {
   switch (t) {
-  case kFloat:
-    f(Tag<float>{});
-    break;
-  case kDouble:
-    f(Tag<double>{});
-    break;
-  case kHalf:
-    f(Tag<Half>{});
-    break;
-  case kBFloat16:
-    f(Tag<BFloat16>{});
-    break;
-  case kInt:
-    f(Tag<std::int32_t>{});
-    break;
-  case kLong:
-    f(Tag<std::int64_t>{});
-    break;
-  case kBool:
-    f(Tag<bool>{});
-    break;
+  case kFloat: f(Tag<float>{}); break;
+  case kDouble: f(Tag<double>{}); break;
+  case kHalf: f(Tag<Half>{}); break;
+  case kBFloat16: f(Tag<BFloat16>{}); break;
+  case kInt: f(Tag<std::int32_t>{}); break;
+  case kLong: f(Tag<std::int64_t>{}); break;
+  case kBool: f(Tag<bool>{}); break;
   }
 }
+// clang-format on
 
 // The type arithmetic is done in.
 template <typename T> struct Acc {
@@ -494,22 +480,15 @@ bool tryTransposeCopy(const Loop &L, std::int64_t es) {
   TransposePlan P;
   if (!planTranspose(L, es, P))
     return false;
+  // clang-format off
   switch (es) {
-  case 1:
-    transposeCopy<std::uint8_t>(P);
-    return true;
-  case 2:
-    transposeCopy<std::uint16_t>(P);
-    return true;
-  case 4:
-    transposeCopy<std::uint32_t>(P);
-    return true;
-  case 8:
-    transposeCopy<std::uint64_t>(P);
-    return true;
-  default:
-    return false;
+  case 1: transposeCopy<std::uint8_t>(P); return true;
+  case 2: transposeCopy<std::uint16_t>(P); return true;
+  case 4: transposeCopy<std::uint32_t>(P); return true;
+  case 8: transposeCopy<std::uint64_t>(P); return true;
+  default: return false;
   }
+  // clang-format on
 }
 
 void cpuCopy(const TensorDesc &dst, const TensorDesc &src) {
