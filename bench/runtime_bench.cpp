@@ -4,6 +4,7 @@
 // and whether each target of docs/benchmarks.md is met (--markdown: as a table).
 //
 //   runtime_bench [--reps=N] [--threads=1,2] [--basis=wall|cpu] [--markdown] [benchmark flags]
+// Exit status: 0 every target met, 1 some target missed, 2 a plugin failed to load.
 //
 // Each ratio uses the fastest repetition of both sides (least disturbed by
 // other processes). Ratios are printed on wall time and on process CPU time;
@@ -97,7 +98,8 @@ const std::map<std::string, BenchWorkload> kMemcpy = {
     {"clone/4MiB", {"clone/4MiB", memcpySetup<4>, memcpyRun, memcpyTeardown, 8.0 * (1 << 20)}},
     {"clone/16MiB", {"clone/16MiB", memcpySetup<16>, memcpyRun, memcpyTeardown, 32.0 * (1 << 20)}},
     {"clone/64MiB", {"clone/64MiB", memcpySetup<64>, memcpyRun, memcpyTeardown, 128.0 * (1 << 20)}},
-    {"clone/256MiB", {"clone/256MiB", memcpySetup<256>, memcpyRun, memcpyTeardown, 512.0 * (1 << 20)}},
+    {"clone/256MiB",
+     {"clone/256MiB", memcpySetup<256>, memcpyRun, memcpyTeardown, 512.0 * (1 << 20)}},
 };
 
 // --- collecting results ------------------------------------------------------------------
@@ -129,17 +131,24 @@ std::string key(const std::string &w, int t, const std::string &backend) {
   return w + "/threads:" + std::to_string(t) + "/" + backend;
 }
 
+// The targets of issue 19 / docs/benchmarks.md, in one table. A ratio is
+// baseline time / tt time; the trace row bounds tt-with-trace-off / tt-notrace.
 struct Target {
   const char *prefix;   // workload family
   const char *baseline; // backend the ratio is against
   double goal;          // ratio = baseline time / tt time >= goal
 };
 const Target kTargets[] = {
-    {"clone/", "memcpy", 0.9}, {"contiguous/", "libtorch", 1.0}, {"add/", "libtorch", 1.0},
-    {"mul/", "libtorch", 1.0}, {"matmul/", "libtorch", 0.8},
+    {"clone/", "memcpy", 0.95},
+    {"contiguous/", "libtorch", 1.0},
+    {"add/", "libtorch", 1.0},
+    {"mul/", "libtorch", 1.0},
+    {"matmul/", "libtorch", 0.95},
     // small-tensor overhead: not slower than half of LibTorch (these exist for the trace column)
-    {"backward/", "libtorch", 0.5}, {"item/", "libtorch", 0.5},
+    {"backward/", "libtorch", 0.5},
+    {"item/", "libtorch", 0.5},
 };
+constexpr double kTraceOffMax = 1.02; // trace compiled in but off: at most +2%
 
 double geomean(const std::vector<double> &v) {
   double s = 0;
@@ -148,20 +157,24 @@ double geomean(const std::vector<double> &v) {
   return std::exp(s / static_cast<double>(v.size()));
 }
 
-int summarize(const std::vector<std::string> &names, const std::vector<int> &threads, bool markdown) {
-  int missed = 0;
+// Prints the ratio table; returns the rows that missed their target.
+std::vector<std::string> summarize(const std::vector<std::string> &names,
+                                   const std::vector<int> &threads, bool markdown) {
+  std::vector<std::string> missed;
   auto best = [](const std::string &k) {
     auto it = gBest.find(k);
     return it == gBest.end() ? Best{NAN, NAN} : it->second;
   };
   const char *basis = gCpuBasis ? "CPU time" : "wall time";
   if (markdown)
-    std::printf("\nTargets judged on %s.\n\n| threads | workload | baseline | baseline ms | LibTorch ms | tt ms | "
+    std::printf("\nTargets judged on %s.\n\n| threads | workload | baseline | baseline ms | "
+                "LibTorch ms | tt ms | "
                 "ratio (wall) | ratio (CPU) | target | | trace-off vs no-trace (wall / CPU) |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|\n",
                 basis);
   else
-    std::printf("\nRatios: baseline time / tt time, fastest repetition of each; times are wall ms; targets judged "
+    std::printf("\nRatios: baseline time / tt time, fastest repetition of each; times are wall ms; "
+                "targets judged "
                 "on %s\n",
                 basis);
   std::vector<double> traceWall, traceCpu;
@@ -184,29 +197,39 @@ int summarize(const std::vector<std::string> &names, const std::vector<int> &thr
         traceCpuBy[t].push_back(trCpu);
       }
       bool ok = (gCpuBasis ? rCpu : rWall) >= tg->goal;
-      missed += !ok;
+      if (!ok)
+        missed.push_back(w + " at " + std::to_string(t) + " thread(s)");
       if (markdown)
-        std::printf("| %d | %s | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx | >= %.1fx | %s | %+.1f%% / %+.1f%% |\n", t,
-                    w.c_str(), tg->baseline, base.wall * 1e3, torch.wall * 1e3, tt.wall * 1e3, rWall, rCpu,
-                    tg->goal, ok ? "met" : "**missed**", (trWall - 1) * 100, (trCpu - 1) * 100);
+        std::printf("| %d | %s | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx | >= %.2fx | %s | %+.1f%% "
+                    "/ %+.1f%% |\n",
+                    t, w.c_str(), tg->baseline, base.wall * 1e3, torch.wall * 1e3, tt.wall * 1e3,
+                    rWall, rCpu, tg->goal, ok ? "met" : "**missed**", (trWall - 1) * 100,
+                    (trCpu - 1) * 100);
       else
-        std::printf("  threads=%d %-24s %-8s %8.3f  libtorch %8.3f  tt %8.3f  ratio wall %5.2fx cpu %5.2fx "
-                    "(>= %.1fx) %-6s  trace-off wall %+5.1f%% cpu %+5.1f%%\n",
-                    t, w.c_str(), tg->baseline, base.wall * 1e3, torch.wall * 1e3, tt.wall * 1e3, rWall, rCpu,
-                    tg->goal, ok ? "met" : "MISSED", (trWall - 1) * 100, (trCpu - 1) * 100);
+        std::printf(
+            "  threads=%d %-24s %-8s %8.3f  libtorch %8.3f  tt %8.3f  ratio wall %5.2fx cpu %5.2fx "
+            "(>= %.2fx) %-6s  trace-off wall %+5.1f%% cpu %+5.1f%%\n",
+            t, w.c_str(), tg->baseline, base.wall * 1e3, torch.wall * 1e3, tt.wall * 1e3, rWall,
+            rCpu, tg->goal, ok ? "met" : "MISSED", (trWall - 1) * 100, (trCpu - 1) * 100);
     }
   }
   if (!traceWall.empty()) {
     double gw = geomean(traceWall), gc = geomean(traceCpu);
-    bool ok = (gCpuBasis ? gc : gw) <= 1.02;
-    missed += !ok;
-    std::printf("%sTrace support compiled in but off, vs built without it, geometric mean over %zu benchmarks: "
+    bool ok = (gCpuBasis ? gc : gw) <= kTraceOffMax;
+    if (!ok)
+      missed.push_back("trace-off overhead");
+    std::printf("%sTrace support compiled in but off, vs built without it, geometric mean over %zu "
+                "benchmarks: "
                 "wall %+.2f%%, CPU %+.2f%% (target <= +2%%): %s\n",
-                markdown ? "\n" : "  ", traceWall.size(), (gw - 1) * 100, (gc - 1) * 100, ok ? "met" : "MISSED");
+                markdown ? "\n" : "  ", traceWall.size(), (gw - 1) * 100, (gc - 1) * 100,
+                ok ? "met" : "MISSED");
     for (const auto &[t, v] : traceCpuBy)
-      std::printf("%s  at %d thread(s): CPU %+.2f%%\n", markdown ? "" : "  ", t, (geomean(v) - 1) * 100);
+      std::printf("%s  at %d thread(s): CPU %+.2f%%\n", markdown ? "" : "  ", t,
+                  (geomean(v) - 1) * 100);
   }
-  std::printf("%d target(s) missed\n", missed);
+  std::printf("%zu target(s) missed%s", missed.size(), missed.empty() ? "\n" : ":");
+  for (std::size_t i = 0; i < missed.size(); ++i)
+    std::printf(" %s%s", missed[i].c_str(), i + 1 < missed.size() ? "," : "\n");
   return missed;
 }
 
@@ -253,16 +276,17 @@ int main(int argc, char **argv) {
       for (const Backend &b : gBackends)
         variants.emplace_back(b.label, b.workloads.at(i));
       for (const auto &[label, w] : variants) {
-        benchmark::RegisterBenchmark(key(names[i], t, label).c_str(),
-                                     [w = w, t](benchmark::State &s) {
-                                       setThreads(t);
-                                       void *state = w.setup();
-                                       w.run(state); // untimed: steady state (pages mapped, caches, pools)
-                                       for (auto _ : s)
-                                         w.run(state);
-                                       w.teardown(state);
-                                       s.SetBytesProcessed(static_cast<std::int64_t>(w.bytes) * s.iterations());
-                                     })
+        benchmark::RegisterBenchmark(
+            key(names[i], t, label).c_str(),
+            [w = w, t](benchmark::State &s) {
+              setThreads(t);
+              void *state = w.setup();
+              w.run(state); // untimed: steady state (pages mapped, caches, pools)
+              for (auto _ : s)
+                w.run(state);
+              w.teardown(state);
+              s.SetBytesProcessed(static_cast<std::int64_t>(w.bytes) * s.iterations());
+            })
             ->UseRealTime()
             ->MeasureProcessCPUTime()
             ->Unit(benchmark::kMillisecond)
@@ -277,8 +301,8 @@ int main(int argc, char **argv) {
   benchmark::RunSpecifiedBenchmarks(&collector);
   benchmark::Shutdown();
   getloadavg(loadAfter, 1);
-  std::printf("\nLoad average (1 min) before / after the run: %.1f / %.1f on %ld cores\n", loadBefore[0],
-              loadAfter[0], sysconf(_SC_NPROCESSORS_ONLN));
-  summarize(names, threads, markdown);
-  return 0;
+  std::printf("\nLoad average (1 min) before / after the run: %.1f / %.1f on %ld cores\n",
+              loadBefore[0], loadAfter[0], sysconf(_SC_NPROCESSORS_ONLN));
+  // Exit status 1 when a target is missed (2: bad setup, above).
+  return summarize(names, threads, markdown).empty() ? 0 : 1;
 }

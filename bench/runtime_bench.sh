@@ -3,6 +3,7 @@
 # tt without trace support) and prints the ratio table of docs/benchmarks.md.
 #   bench/runtime_bench.sh [--markdown] [--reps=N] [--threads=1,2] [Google Benchmark flags]
 # BUILD=<dir> picks the build directory (default build-bench).
+# Exit status: 0 every target met, 1 a target missed (listed last), 2 setup failed.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build-bench}

@@ -189,7 +189,16 @@ def views():
           Case("index", "slices", op_args=([S(1), S(None, None, 2)],)),
           Case("index", "int-and-slice", "transposed", op_args=([S(), 2],)),
           Case("index", "negative", "permuted4d", op_args=([-1, S(1, 3)],)),
-          Case("index", "out-of-range", op_args=([5],), error="index 5 is out of bounds for dimension 0 with size 3")]
+          Case("index", "out-of-range", op_args=([5],), error="index 5 is out of bounds for dimension 0 with size 3"),
+          Case("index", "zero-dim-int-tensor", "transposed", others={"i": leaf([], "int64")}, op_args=([S(), T("i")],))]
+    # A tensor index copies (advanced indexing): the index_tensor row, op index.
+    longs = {"i": leaf([2], "int64")}
+    c += [Case("index_tensor", "long", others=longs, op_args=([T("i")],), op="index"),
+          Case("index_tensor", "long-after-slice", others=longs, op_args=([S(), T("i")],), op="index"),
+          Case("index_tensor", "long-transposed", "transposed", others=longs, op_args=([S(), T("i")],), op="index"),
+          Case("index_tensor", "bool-mask", others={"m": leaf([3], "bool")}, op_args=([T("m")],), op="index"),
+          Case("index_tensor", "long-out-of-range", others={"i": leaf([4], "int64")}, op_args=([T("i")],),
+               op="index", error="is out of bounds for dimension 0 with size 3")]
     c += [Case("narrow", "contiguous", op_args=(1, 1, 2)),
           Case("narrow", "outer", op_args=(0, 1, 2)),
           Case("narrow", "transposed", "transposed", op_args=(0, 1, 2)),

@@ -388,7 +388,8 @@ TensorFact LayoutAnalysis::Impl::evalCall(const CallExpr *Call, State &S) {
 TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Name,
                                         const Expr *SelfE, llvm::ArrayRef<const Expr *> Args,
                                         State &S) {
-  const sem::OpInfo *Op = sem::lookup(Name);
+  llvm::StringRef Row = Model.rowName(Call, Name);
+  const sem::OpInfo *Op = sem::lookup(Row);
   if (Recording) // the operands' facts, for checks that compare them (dtype, device)
     for (const Expr *A : Args)
       if (const Expr *T = Model.tensorOperand(A))

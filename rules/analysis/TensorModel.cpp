@@ -60,7 +60,33 @@ const sem::OpInfo *TensorModel::opOf(const CallExpr *Call) const {
     Self = Call->getArg(0);
   if (!isTensorExpr(Self))
     return nullptr;
-  return sem::lookup(FD->getName());
+  llvm::StringRef Name = rowName(Call, FD->getName());
+  return sem::lookup(Name);
+}
+
+// Whether S (an index() argument) builds a TensorIndex from a tensor. Calls
+// are not entered: `t.index({x.size(0) - 1})` is an integer index.
+static bool buildsTensorIndex(const TensorModel &M, const Stmt *S) {
+  if (!S || (isa<CallExpr>(S) && !isa<CXXConstructExpr>(S)))
+    return false;
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(S)) {
+    const CXXRecordDecl *RD = CE->getType()->getAsCXXRecordDecl();
+    if (RD && RD->getName() == "TensorIndex" && CE->getNumArgs() >= 1)
+      return M.tensorOperand(CE->getArg(0)->IgnoreImplicit()) != nullptr;
+  }
+  for (const Stmt *Child : S->children())
+    if (buildsTensorIndex(M, Child))
+      return true;
+  return false;
+}
+
+llvm::StringRef TensorModel::rowName(const CallExpr *Call, llvm::StringRef Name) const {
+  if (Name != "index")
+    return Name;
+  for (const Expr *A : Call->arguments())
+    if (buildsTensorIndex(*this, A))
+      return "index_tensor";
+  return Name;
 }
 
 const Expr *TensorModel::inPlaceTarget(const Expr *E) const {

@@ -33,6 +33,11 @@ public:
   // tensor first), or nullptr when the callee is not a tensor op we know.
   const sem::OpInfo *opOf(const CallExpr *Call) const;
 
+  // The ops.def row name for a call of Name: "index_tensor" for index() with
+  // a tensor index (advanced indexing copies; integers and slices are a view),
+  // Name otherwise.
+  llvm::StringRef rowName(const CallExpr *Call, llvm::StringRef Name) const;
+
   // The tensor a member call is made on (the implicit object), or nullptr.
   static const Expr *selfOf(const CallExpr *Call);
 

@@ -9,7 +9,8 @@
 namespace tt {
 namespace indexing {
 
-Slice::Slice(std::optional<std::int64_t> start, std::optional<std::int64_t> stop, std::optional<std::int64_t> step)
+Slice::Slice(std::optional<std::int64_t> start, std::optional<std::int64_t> stop,
+             std::optional<std::int64_t> step)
     : start_(start.value_or(0)), stop_(stop.value_or(INT64_MAX)), step_(step.value_or(1)) {
   if (step_ == 0)
     fail("slice step cannot be zero");
@@ -19,7 +20,8 @@ TensorIndex::TensorIndex(const char *s) : kind_(Kind::Ellipsis) {
   if (std::string(s) != "...")
     fail("Expected \"...\" to represent an ellipsis index, but got \"" + std::string(s) + "\"");
 }
-TensorIndex::TensorIndex(Tensor t) : kind_(Kind::Tensor), tensor_(std::make_shared<Tensor>(std::move(t))) {}
+TensorIndex::TensorIndex(Tensor t)
+    : kind_(Kind::Tensor), tensor_(std::make_shared<Tensor>(std::move(t))) {}
 TensorIndex::~TensorIndex() = default;
 TensorIndex::TensorIndex(const TensorIndex &) = default;
 TensorIndex &TensorIndex::operator=(const TensorIndex &) = default;
@@ -37,6 +39,15 @@ struct Indexed {
   const Tensor *index = nullptr;
   std::int64_t dim = 0;
 };
+
+// r.select(dim, k) with indexing's bounds message.
+Tensor selectChecked(const Tensor &r, std::int64_t dim, std::int64_t k) {
+  std::int64_t n = r.size(dim);
+  if (k < -n || k >= n)
+    fail("index " + std::to_string(k) + " is out of bounds for dimension " + std::to_string(dim) +
+         " with size " + std::to_string(n));
+  return r.select(dim, k);
+}
 
 Indexed applyIndices(const Tensor &self, ArrayRef<TensorIndex> indices) {
   std::int64_t consumed = 0;
@@ -59,18 +70,13 @@ Indexed applyIndices(const Tensor &self, ArrayRef<TensorIndex> indices) {
     case TensorIndex::Kind::Ellipsis:
       dim += self.dim() - consumed;
       break;
-    case TensorIndex::Kind::Integer: {
-      std::int64_t n = r.size(dim);
-      std::int64_t k = i.integer();
-      if (k < -n || k >= n)
-        fail("index " + std::to_string(k) + " is out of bounds for dimension " + std::to_string(dim) +
-             " with size " + std::to_string(n));
-      r = r.select(dim, k);
+    case TensorIndex::Kind::Integer:
+      r = selectChecked(r, dim, i.integer());
       break;
-    }
     case TensorIndex::Kind::Slice: {
       const indexing::Slice &s = i.slice();
-      r = r.slice(dim, s.start(), s.stop() == INT64_MAX ? std::optional<std::int64_t>() : s.stop(), s.step());
+      r = r.slice(dim, s.start(), s.stop() == INT64_MAX ? std::optional<std::int64_t>() : s.stop(),
+                  s.step());
       ++dim;
       break;
     }
@@ -81,6 +87,10 @@ Indexed applyIndices(const Tensor &self, ArrayRef<TensorIndex> indices) {
       ++dim;
       break;
     case TensorIndex::Kind::Tensor:
+      if (i.tensor().dim() == 0 && isIntegralType(i.tensor().dtype(), false)) {
+        r = selectChecked(r, dim, i.tensor().item<std::int64_t>()); // LibTorch: an integer, a view
+        break;
+      }
       if (out.index)
         fail("tt: indexing with more than one tensor is not supported");
       out.index = &i.tensor();
@@ -116,9 +126,9 @@ Positions positionsOf(const Tensor &src, std::int64_t d, const Tensor &index) {
     p.k = mask.dim();
     for (std::int64_t j = 0; j < p.k; ++j)
       if (d + j >= src.dim() || mask.size(j) != src.size(d + j))
-        fail("The shape of the mask " + shapeString(mask.sizes()) + " at index " + std::to_string(j) +
-             " does not match the shape of the indexed tensor " + shapeString(src.sizes()) + " at index " +
-             std::to_string(d + j));
+        fail("The shape of the mask " + shapeString(mask.sizes()) + " at index " +
+             std::to_string(j) + " does not match the shape of the indexed tensor " +
+             shapeString(src.sizes()) + " at index " + std::to_string(d + j));
     Tensor m = mask.cpu().contiguous();
     const bool *mp = m.data_ptr<bool>();
     std::vector<std::int64_t> idx(static_cast<std::size_t>(p.k), 0);
@@ -142,8 +152,8 @@ Positions positionsOf(const Tensor &src, std::int64_t d, const Tensor &index) {
   for (std::int64_t j = 0, total = ix.numel(); j < total; ++j) {
     std::int64_t v = ip[j];
     if (v < -n || v >= n)
-      fail("index " + std::to_string(v) + " is out of bounds for dimension " + std::to_string(d) + " with size " +
-           std::to_string(n));
+      fail("index " + std::to_string(v) + " is out of bounds for dimension " + std::to_string(d) +
+           " with size " + std::to_string(n));
     p.at.push_back({v < 0 ? v + n : v});
   }
   p.shape = ix.sizes().vec();
@@ -170,8 +180,8 @@ Tensor gather(const Tensor &src, std::int64_t d, const Tensor &index) {
   Tensor out = makeContiguous(flat, src.dtype(), src.device());
   for (std::int64_t j = 0; j < m; ++j)
     copyData(rawSelect(out, d, j), selectAt(src, d, p.at[j]), CopyKind::Other);
-  out = Tensor(std::make_shared<TensorImpl>(out.unsafeGetTensorImpl()->storage, shape, contiguousStrides(shape), 0,
-                                            src.dtype(), nullptr));
+  out = Tensor(std::make_shared<TensorImpl>(out.unsafeGetTensorImpl()->storage, shape,
+                                            contiguousStrides(shape), 0, src.dtype(), nullptr));
   if (autograd::shouldRecord({&src})) {
     std::vector<std::int64_t> in = src.sizes().vec();
     auto at = p.at;
@@ -198,15 +208,18 @@ void warnIfExpanded(const Tensor &self) {
   for (std::size_t i = 0; i < t.sizes.size(); ++i)
     if (t.strides[i] == 0 && t.sizes[i] > 1) {
       warned = true;
-      std::fprintf(stderr, "UserWarning: Use of index_put_ on expanded tensors is deprecated. Please clone() the "
-                           "tensor before performing this operation. This also applies to advanced indexing e.g. "
-                           "tensor[indices] = tensor\n");
+      std::fprintf(
+          stderr,
+          "UserWarning: Use of index_put_ on expanded tensors is deprecated. Please clone() the "
+          "tensor before performing this operation. This also applies to advanced indexing e.g. "
+          "tensor[indices] = tensor\n");
       return;
     }
 }
 
 // dst[..., index, ...] = rhs (broadcast), one version bump.
-void scatter(const Tensor &self, const Tensor &dst, std::int64_t d, const Tensor &index, const Tensor &rhs) {
+void scatter(const Tensor &self, const Tensor &dst, std::int64_t d, const Tensor &index,
+             const Tensor &rhs) {
   if (autograd::shouldRecord({&self, &rhs}))
     fail("tt: index_put_ with a tensor index on tensors that require grad is not supported");
   autograd::checkInplace(self);
@@ -241,14 +254,16 @@ Tensor Tensor::index(ArrayRef<indexing::TensorIndex> indices, SourceLocation loc
   Tensor out = ix.index ? gather(ix.view, ix.dim, *ix.index) : ix.view;
   if (out.is_same(*this))
     out = makeView(*this, sizes(), strides(), storage_offset());
-  if (trace::on())
-    trace::op("index", {this}, out);
+  if (trace::on()) // a tensor index copies: its own row of ops.def
+    trace::op(ix.index ? "index_tensor" : "index", {this}, out);
   return out;
 }
-Tensor Tensor::index(std::initializer_list<indexing::TensorIndex> indices, SourceLocation loc) const {
+Tensor Tensor::index(std::initializer_list<indexing::TensorIndex> indices,
+                     SourceLocation loc) const {
   return index(ArrayRef<indexing::TensorIndex>(indices.begin(), indices.size()), loc);
 }
-Tensor &Tensor::index_put_(ArrayRef<indexing::TensorIndex> indices, const Tensor &rhs, SourceLocation loc) const {
+Tensor &Tensor::index_put_(ArrayRef<indexing::TensorIndex> indices, const Tensor &rhs,
+                           SourceLocation loc) const {
   trace::Scope scope("index_put_", loc);
   Indexed ix = applyIndices(*this, indices);
   if (ix.index)
@@ -259,11 +274,13 @@ Tensor &Tensor::index_put_(ArrayRef<indexing::TensorIndex> indices, const Tensor
     trace::op("index_put_", {this, &rhs}, *this);
   return const_cast<Tensor &>(*this);
 }
-Tensor &Tensor::index_put_(ArrayRef<indexing::TensorIndex> indices, const Scalar &v, SourceLocation loc) const {
+Tensor &Tensor::index_put_(ArrayRef<indexing::TensorIndex> indices, const Scalar &v,
+                           SourceLocation loc) const {
   trace::Scope scope("index_put_", loc);
   Indexed ix = applyIndices(*this, indices);
   if (ix.index)
-    scatter(*this, ix.view, ix.dim, *ix.index, scalar_tensor(v, TensorOptions(device()).dtype(dtype())));
+    scatter(*this, ix.view, ix.dim, *ix.index,
+            scalar_tensor(v, TensorOptions(device()).dtype(dtype())));
   else
     ix.view.fill_(v);
   if (trace::on())
@@ -280,6 +297,8 @@ Tensor &Tensor::index_put_(std::initializer_list<indexing::TensorIndex> indices,
 }
 // Operators cannot take a defaulted location: events get none (null).
 Tensor Tensor::operator[](std::int64_t i) const { return select(0, i, SourceLocation{}); }
-Tensor Tensor::operator[](const Tensor &i) const { return index({indexing::TensorIndex(i)}, SourceLocation{}); }
+Tensor Tensor::operator[](const Tensor &i) const {
+  return index({indexing::TensorIndex(i)}, SourceLocation{});
+}
 
 } // namespace tt

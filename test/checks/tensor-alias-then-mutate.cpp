@@ -238,6 +238,17 @@ void viewOfCopy() {
   use(a);
 }
 
+// index() with integers and slices is a view too (ops.def: index).
+void sliceIndexOfCopy() {
+  Tensor a = tt::ones({4});
+  Tensor b = a;
+  // CHECK-FIXES: {{^}}  Tensor b = a.clone();{{$}}
+  auto head = b.index({tt::indexing::Slice(0, 2)});
+  head.zero_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: in-place 'zero_' on 'head' also changes 'a'
+  use(a);
+}
+
 #define ZERO_OUT(t) (t).zero_()
 void throughMacro() {
   Tensor a = tt::ones({3});
@@ -326,6 +337,16 @@ void explicitViews() {
   auto v = a.view({-1});
   v.add_(1);
   a[2] = 3;
+  use(a);
+}
+
+// A tensor index copies (advanced indexing, ops.def: index_tensor): the
+// write stays in `picked`.
+void tensorIndexOfCopy() {
+  Tensor a = tt::ones({4});
+  Tensor b = a;
+  auto picked = b.index({tt::arange(2, tt::kLong)});
+  picked.zero_();
   use(a);
 }
 

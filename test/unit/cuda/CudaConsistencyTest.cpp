@@ -73,14 +73,20 @@ std::map<std::string, Body> drivers() {
       o.results.push_back(std::move(t));
   };
   // --- views
-  m["as_strided"] = [=](Device d, Outcome &o) { res(o, in(o, X(d)).as_strided({3, 2}, {1, 3}, 2)); };
+  m["as_strided"] = [=](Device d, Outcome &o) {
+    res(o, in(o, X(d)).as_strided({3, 2}, {1, 3}, 2));
+  };
   m["chunk"] = [=](Device d, Outcome &o) { resAll(o, in(o, X(d)).chunk(2, 2)); };
   m["diagonal"] = [=](Device d, Outcome &o) { res(o, in(o, X(d)).diagonal(0, 1, 2)); };
-  m["expand"] = [=](Device d, Outcome &o) { res(o, in(o, X(d)).select(2, 0).unsqueeze(2).expand({2, 3, 5})); };
-  m["expand_as"] = [=](Device d, Outcome &o) {
-    res(o, in(o, Mat(d, 1, 4, 1.0)).expand_as(X(d)));
+  m["expand"] = [=](Device d, Outcome &o) {
+    res(o, in(o, X(d)).select(2, 0).unsqueeze(2).expand({2, 3, 5}));
   };
+  m["expand_as"] = [=](Device d, Outcome &o) { res(o, in(o, Mat(d, 1, 4, 1.0)).expand_as(X(d))); };
   m["index"] = [=](Device d, Outcome &o) { res(o, in(o, X(d)).index({1, Slice(0, 3, 2)})); };
+  m["index_tensor"] = [=](Device d, Outcome &o) {
+    res(o, in(o, X(d)).index(
+               {Slice(), tt::arange(2, tt::TensorOptions().device(d).dtype(tt::kLong))}));
+  };
   m["narrow"] = [=](Device d, Outcome &o) { res(o, in(o, X(d)).narrow(2, 1, 2)); };
   m["permute"] = [=](Device d, Outcome &o) { res(o, in(o, X(d)).permute({2, 0, 1})); };
   m["select"] = [=](Device d, Outcome &o) { res(o, in(o, X(d)).select(1, 2)); };
@@ -136,7 +142,8 @@ std::map<std::string, Body> drivers() {
     res(o, x.transpose(0, 2).clone()); // keeps the transposed strides
   };
   // --- in place
-  auto inplace = [&](const char *name, std::function<void(const Tensor &)> f, bool positive = false) {
+  auto inplace = [&](const char *name, std::function<void(const Tensor &)> f,
+                     bool positive = false) {
     m[name] = [=](Device d, Outcome &o) {
       Tensor x = in(o, positive ? Pos(d) : X(d));
       Tensor v = x.narrow(2, 1, 2); // a strided view: the write goes through it
@@ -169,7 +176,8 @@ std::map<std::string, Body> drivers() {
     res(o, x);
   };
   // --- out of place math (broadcasting, promotion, reductions)
-  auto unary = [&](const char *name, std::function<Tensor(const Tensor &)> f, bool positive = false) {
+  auto unary = [&](const char *name, std::function<Tensor(const Tensor &)> f,
+                   bool positive = false) {
     m[name] = [=](Device d, Outcome &o) {
       Tensor x = in(o, positive ? Pos(d) : X(d));
       res(o, f(x));
@@ -193,8 +201,8 @@ std::map<std::string, Body> drivers() {
   auto binary = [&](const char *name, std::function<Tensor(const Tensor &, const Tensor &)> f) {
     m[name] = [=](Device d, Outcome &o) {
       Tensor x = in(o, X(d));
-      Tensor row = Mat(d, 1, 4, 0.5);                   // broadcasts over [2,3,4]
-      Tensor ints = tt::arange(4, tt::kLong).to(d);     // promotes to Float
+      Tensor row = Mat(d, 1, 4, 0.5);               // broadcasts over [2,3,4]
+      Tensor ints = tt::arange(4, tt::kLong).to(d); // promotes to Float
       res(o, f(x, row));
       res(o, f(x, ints));
       res(o, f(x.transpose(0, 1), x.transpose(0, 1)));
@@ -223,8 +231,8 @@ std::map<std::string, Body> drivers() {
     res(o, a.mm(Mat(d, 3, 7, 0.2).t())); // transposed operand
   };
   m["matmul"] = [=](Device d, Outcome &o) {
-    Tensor a = in(o, X(d));                 // [2,3,4]
-    res(o, a.matmul(Mat(d, 4, 5, 0.1)));    // batched x matrix (broadcast)
+    Tensor a = in(o, X(d));                         // [2,3,4]
+    res(o, a.matmul(Mat(d, 4, 5, 0.1)));            // batched x matrix (broadcast)
     res(o, a.matmul(Mat(d, 4, 1, 0.1).squeeze(1))); // matrix x vector
   };
   m["bmm"] = [=](Device d, Outcome &o) {
@@ -278,7 +286,8 @@ void expectSame(const std::string &op, const Outcome &c, const Outcome &g) {
     EXPECT_EQ(a.storage_offset(), b.storage_offset());
     EXPECT_EQ(a.requires_grad(), b.requires_grad());
     for (std::size_t k = 0; k < c.inputs.size(); ++k) {
-      EXPECT_EQ(a.is_alias_of(c.inputs[k]), b.is_alias_of(g.inputs[k])) << "aliasing of input " << k;
+      EXPECT_EQ(a.is_alias_of(c.inputs[k]), b.is_alias_of(g.inputs[k]))
+          << "aliasing of input " << k;
       EXPECT_EQ(a.is_same(c.inputs[k]), b.is_same(g.inputs[k])) << "identity with input " << k;
     }
     if (!c.valuesComparable)
@@ -350,10 +359,12 @@ TEST(CudaConsistency, MayAliasOpsReturnSelfOnlyOnTheirOwnDevice) {
 TEST(CudaConsistency, ErrorsMatchCpu) {
   REQUIRE_CUDA();
   const std::vector<std::pair<std::string, Body>> bad = {
-      {"view of non-contiguous", [](Device d, Outcome &o) { o.results.push_back(in(o, X(d)).transpose(0, 1).view({-1})); }},
+      {"view of non-contiguous",
+       [](Device d, Outcome &o) { o.results.push_back(in(o, X(d)).transpose(0, 1).view({-1})); }},
       {"write into expanded",
        [](Device d, Outcome &o) { in(o, Mat(d, 1, 4, 1.0)).expand({3, 4}).add_(1); }},
-      {"shape mismatch", [](Device d, Outcome &o) { o.results.push_back(in(o, X(d)).add(Mat(d, 1, 5, 1.0))); }},
+      {"shape mismatch",
+       [](Device d, Outcome &o) { o.results.push_back(in(o, X(d)).add(Mat(d, 1, 5, 1.0))); }},
       {"item of many", [](Device d, Outcome &o) { (void)in(o, X(d)).item<float>(); }},
   };
   for (const auto &[what, body] : bad) {
@@ -368,6 +379,30 @@ TEST(CudaConsistency, ErrorsMatchCpu) {
   EXPECT_TRUE(mixed.threw);
   EXPECT_NE(mixed.error.find("Expected all tensors to be on the same device"), std::string::npos)
       << mixed.error;
+}
+
+// Integer matmul, as PyTorch 1.13: computed on the CPU, on CUDA an error
+// naming the dtype (no integer GEMM in cuBLAS or in PyTorch's CUDA build).
+TEST(CudaMatmul, IntegerMatmulComputesOnCpuAndNamesTheDtypeOnCuda) {
+  for (tt::ScalarType dt : {tt::kInt, tt::kLong}) {
+    tt::Tensor a = tt::arange(6, tt::kLong).view({2, 3}).to(dt),
+               b = tt::arange(6, tt::kLong).view({3, 2}).to(dt);
+    tt::Tensor c = a.matmul(b); // [[0,1,2],[3,4,5]] x [[0,1],[2,3],[4,5]]
+    EXPECT_EQ(c.dtype(), dt);
+    EXPECT_TRUE(
+        c.to(tt::kLong).equal(tt::tensor({10.0, 13.0, 28.0, 40.0}).to(tt::kLong).view({2, 2})));
+  }
+  REQUIRE_CUDA();
+  for (tt::ScalarType dt : {tt::kInt, tt::kLong}) {
+    tt::Tensor a = tt::ones({2, 3}, tt::TensorOptions().device(tt::kCUDA).dtype(dt));
+    try {
+      (void)a.matmul(a.t());
+      ADD_FAILURE() << "integer matmul on CUDA did not throw";
+    } catch (const std::exception &e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("\"addmm_cuda\" not implemented for '") + tt::toString(dt) + "'");
+    }
+  }
 }
 
 TEST(CudaConsistency, AutogradAgreesWithCpu) {
@@ -449,7 +484,9 @@ TEST(CudaPinned, PinMemoryAndNonBlockingRoundTrip) {
 TEST(CudaAllocator, CloneInALoopHitsTheCache) {
   REQUIRE_CUDA();
   Tensor x = tt::ones({1 << 20}, tt::TensorOptions().device(tt::kCUDA));
-  { Tensor warm = x.clone(); }
+  {
+    Tensor warm = x.clone();
+  }
   const auto before = tt::cuda::allocator_stats();
   for (int i = 0; i < 1000; ++i)
     Tensor y = x.clone();

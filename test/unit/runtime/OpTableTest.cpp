@@ -25,8 +25,11 @@ std::map<std::string, Driver> drivers() {
   d["chunk"] = [](const Tensor &x) { return x.chunk(2, 1)[0]; };
   d["diagonal"] = [](const Tensor &x) { return x.diagonal(); };
   d["expand"] = [](const Tensor &x) { return x.expand({4, x.size(0), x.size(1)}); };
-  d["expand_as"] = [](const Tensor &x) { return x.expand_as(tt::zeros({4, x.size(0), x.size(1)})); };
+  d["expand_as"] = [](const Tensor &x) {
+    return x.expand_as(tt::zeros({4, x.size(0), x.size(1)}));
+  };
   d["index"] = [](const Tensor &x) { return x.index({0}); };
+  d["index_tensor"] = [](const Tensor &x) { return x.index({tt::arange(2, tt::kLong)}); };
   d["narrow"] = [](const Tensor &x) { return x.narrow(1, 0, 1); };
   d["permute"] = [](const Tensor &x) { return x.permute({1, 0}); };
   d["select"] = [](const Tensor &x) { return x.select(0, 1); };
@@ -127,7 +130,8 @@ TEST(OpTable, EveryRowMatchesTheRuntime) {
     if (name == "cuda" && !tt::cuda::is_available())
       continue;
     auto it = d.find(name);
-    ASSERT_NE(it, d.end()) << "no driver for ops.def row '" << name << "': add one to OpTableTest.cpp";
+    ASSERT_NE(it, d.end()) << "no driver for ops.def row '" << name
+                           << "': add one to OpTableTest.cpp";
     for (bool transposed : {false, true}) {
       SCOPED_TRACE(name + (transposed ? " (non-contiguous input)" : ""));
       tt::Tensor x = input(transposed);
@@ -167,8 +171,9 @@ TEST(OpTable, EveryRowMatchesTheRuntime) {
         EXPECT_TRUE(r.is_contiguous() || op.storage == sem::Storage::MayAlias);
       if (op.layout == sem::Layout::Same && op.storage != sem::Storage::Factory &&
           op.storage != sem::Storage::InPlace && op.storage != sem::Storage::None)
-        EXPECT_EQ(r.is_contiguous(), x.is_contiguous() || r.numel() <= 1 || r.dtype() == tt::kBool ? r.is_contiguous()
-                                                                                                     : x.is_contiguous());
+        EXPECT_EQ(r.is_contiguous(), x.is_contiguous() || r.numel() <= 1 || r.dtype() == tt::kBool
+                                         ? r.is_contiguous()
+                                         : x.is_contiguous());
     }
   }
 }
