@@ -30,6 +30,8 @@ struct TUResult {
   /// The checks' typed findings (rules/analysis/Finding.h), paths absolute.
   std::vector<clang::tidy::tensor::Finding> Findings;
   bool FromCache = false;
+  /// Parsed with a shared preamble's PCH (Preamble.h).
+  bool UsedPreamble = false;
 };
 
 llvm::json::Value toJSON(const TUResult &R);

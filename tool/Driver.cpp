@@ -4,6 +4,7 @@
 #include "Config.h"
 #include "Docs.h"
 #include "Paths.h"
+#include "Preamble.h"
 #include "Report.h"
 #include "Scheduler.h"
 #include "Worker.h"
@@ -24,10 +25,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-
-#ifndef TT_VERSION
-#define TT_VERSION "0"
-#endif
 
 using namespace clang;
 using namespace clang::tidy;
@@ -55,13 +52,7 @@ std::string cacheKey(const Job &J, ResultCache &Cache) {
     H.update(S);
     H.update(llvm::StringRef("\0", 1));
   };
-  Add("tensor-tidy " TT_VERSION);
-  // The executable itself stands for the checks' version while developing.
-  llvm::sys::fs::file_status St;
-  if (!llvm::sys::fs::status(executablePath(), St)) {
-    Add(std::to_string(St.getSize()));
-    Add(std::to_string(St.getLastModificationTime().time_since_epoch().count()));
-  }
+  Add(toolStamp());
   Add(configurationAsText(J.Options));
   for (const CompileCommand &C : J.Commands) {
     Add(C.Directory);
@@ -99,6 +90,10 @@ struct Run {
   int OutFd = -1;
   std::unique_ptr<llvm::raw_fd_ostream> FixesOS;
   unsigned Cached = 0;
+  /// Shared preambles (Preamble.h): the groups, each job's PCH (if any).
+  std::vector<PreambleGroup> Preambles;
+  std::vector<const Preamble *> PreambleOf;
+  unsigned PreamblesBuilt = 0, PreamblesReused = 0, WithPreamble = 0;
 };
 
 /// A stage's result: empty, or why the run stops with a usage error.
@@ -234,6 +229,46 @@ StageError openOutputs(Run &R) {
   return std::nullopt;
 }
 
+/// Groups the jobs in \p Pending for shared preambles, then takes each
+/// group's PCH from the cache or builds it (in workers, all at once). A
+/// group whose PCH cannot be built is parsed as without one.
+void sharePreambles(Run &R, ResultCache &Cache, const std::vector<size_t> &Pending,
+                    unsigned Workers) {
+  R.PreambleOf.assign(R.Jobs.size(), nullptr);
+  if (!Cache.enabled() || R.Opts.NoPch || Pending.size() < 2)
+    return;
+  std::vector<PreambleInput> Inputs;
+  for (size_t I : Pending)
+    Inputs.push_back({R.Jobs[I].File, R.Jobs[I].Commands, R.Jobs[I].Options});
+  R.Preambles = planPreambles(Inputs, Cache.dir() + "/preamble");
+  std::vector<size_t> ToBuild;
+  for (size_t G = 0; G < R.Preambles.size(); ++G) {
+    if (loadPreamble(R.Preambles[G], Cache))
+      ++R.PreamblesReused;
+    else
+      ToBuild.push_back(G);
+  }
+  auto Build = [&](size_t G) {
+    const PreambleGroup &P = R.Preambles[G];
+    return buildPreamble(P.Command, P.Pch, P.Options);
+  };
+  // A worker that fails leaves its group without a PCH: no error to report.
+  runInWorkers(Workers, R.Opts.TimeoutSec, ToBuild, Build, [&](size_t G, TUResult Built) {
+    if (acceptPreamble(R.Preambles[G], Built))
+      ++R.PreamblesBuilt;
+  });
+  for (const PreambleGroup &G : R.Preambles)
+    if (!G.Built.Pch.empty())
+      for (size_t M : G.Members)
+        R.PreambleOf[Pending[M]] = &G.Built;
+}
+
+/// A TU that parsed without its PCH but not with it: clang rejected the PCH.
+void forgetRejectedPreamble(const Preamble *P, const TUResult &Result) {
+  if (P && !Result.UsedPreamble && !Result.Failed && Result.Crash.empty())
+    llvm::sys::fs::remove(P->DepsFile);
+}
+
 /// The cache, then workers for what it does not have.
 StageError analyse(Run &R) {
   const DriverOptions &Opts = R.Opts;
@@ -274,11 +309,16 @@ StageError analyse(Run &R) {
     }
   }
   unsigned Workers = Opts.Jobs ? Opts.Jobs : llvm::hardware_concurrency().compute_thread_count();
+  sharePreambles(R, Cache, Pending, Workers);
   std::string WorkerError = runInWorkers(
       Workers, Opts.TimeoutSec, Pending,
-      [&](size_t I) { return analyzeTU(Jobs[I].File, Jobs[I].Commands, Jobs[I].Options); },
+      [&](size_t I) {
+        return analyzeTU(Jobs[I].File, Jobs[I].Commands, Jobs[I].Options, R.PreambleOf[I]);
+      },
       [&](size_t I, TUResult Result) {
         Result.File = Jobs[I].File;
+        R.WithPreamble += Result.UsedPreamble;
+        forgetRejectedPreamble(R.PreambleOf[I], Result);
         Cache.store(Jobs[I].Key, Result);
         Jobs[I].Result = std::move(Result);
         ShowProgress(Jobs[I]);
@@ -352,6 +392,15 @@ RunReport merge(const Run &R) {
   return Report;
 }
 
+/// ", preambles: B built, U reused, N files" when the run had any.
+std::string preambleSummary(const Run &R) {
+  if (R.Preambles.empty())
+    return "";
+  return ", preambles: " + std::to_string(R.PreamblesBuilt) + " built, " +
+         std::to_string(R.PreamblesReused) + " reused, " + std::to_string(R.WithPreamble) +
+         " files";
+}
+
 /// Text (clang-tidy's reporter, which also applies --fix), JSON or SARIF, to
 /// stdout or --output; then --export-fixes, the hook's text, the failures
 /// and the summary line.
@@ -413,7 +462,8 @@ StageError emit(Run &R, const RunReport &Report) {
   unsigned NumErrors = Report.errorCount();
   if (!Opts.Quiet && R.Jobs.size() > 1)
     llvm::errs() << "tensor-tidy: " << R.Jobs.size() << " files (" << R.Cached << " from cache), "
-                 << Report.Errors.size() - NumErrors << " warnings, " << NumErrors << " errors\n";
+                 << Report.Errors.size() - NumErrors << " warnings, " << NumErrors << " errors"
+                 << preambleSummary(R) << "\n";
   return std::nullopt;
 }
 

@@ -28,6 +28,8 @@ struct DriverOptions {
   std::string Config, ConfigFile;
   std::vector<std::string> ExtraArgs, ExtraArgsBefore;
   bool Fix = false, ListChecks = false, DumpConfig = false, Quiet = false, NoCache = false;
+  /// No shared preambles (Preamble.h): every TU parses its own includes.
+  bool NoPch = false;
   std::string ExportFixes, Explain, Output, CacheDir;
   OutputFormat Format = OutputFormat::Text;
   unsigned Jobs = 0;       // 0: one per core

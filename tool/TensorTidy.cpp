@@ -92,6 +92,12 @@ static cl::opt<std::string>
 static cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the result cache"),
                              cl::cat(Category));
 
+static cl::opt<bool>
+    NoPch("no-pch",
+          cl::desc("Parse every file's includes itself (default: TUs that share their leading "
+                   "#include <...> lines and flags share one precompiled header in the cache)"),
+          cl::cat(Category));
+
 static const char Overview[] =
     "Finds tensor aliasing, layout and autograd hazards in C++ (torch::Tensor, tt::Tensor).\n\n"
     "  tensor-tidy -p <build-dir> [files...]   files from compile_commands.json (all if none)\n"
@@ -155,6 +161,7 @@ int main(int argc, const char **argv) {
   Opts.Quiet = Quiet;
   Opts.CacheDir = CacheDir;
   Opts.NoCache = NoCache;
+  Opts.NoPch = NoPch;
 
   // --verify (tool/verify/) hooks in here: register its options before the
   // parse above, then set Opts.AfterAnalysis when it is enabled.
