@@ -214,6 +214,29 @@ StageError makeJobs(Run &R) {
   return std::nullopt;
 }
 
+/// --shard=K/N: keeps the K-th of N parts of the jobs, deterministically,
+/// a preamble group never split (so its PCH is built once, on one runner).
+StageError selectShard(Run &R) {
+  if (R.Opts.Shard.empty())
+    return std::nullopt;
+  auto [K, N] = llvm::StringRef(R.Opts.Shard).split('/');
+  unsigned Index = 0, Count = 0;
+  if (K.getAsInteger(10, Index) || N.getAsInteger(10, Count) || Index < 1 || Index > Count)
+    return "--shard must be K/N with 1 <= K <= N, not '" + R.Opts.Shard + "'";
+  std::vector<std::string> Keys;
+  for (const Job &J : R.Jobs) {
+    std::string Key = preambleGroupKey({J.File, J.Commands, J.Options});
+    Keys.push_back(Key.empty() ? "file:" + J.File : Key);
+  }
+  std::vector<unsigned> Part = partitionByKey(Keys, Count);
+  std::vector<Job> Kept;
+  for (size_t I = 0; I < R.Jobs.size(); ++I)
+    if (Part[I] == Index - 1)
+      Kept.push_back(std::move(R.Jobs[I]));
+  R.Jobs = std::move(Kept);
+  return std::nullopt;
+}
+
 /// Outputs are opened before the work so that a bad path fails fast.
 StageError openOutputs(Run &R) {
   const DriverOptions &Opts = R.Opts;
@@ -376,6 +399,7 @@ RunReport merge(const Run &R) {
         continue;
       Report.Errors.push_back(E);
       Report.Typed.push_back(typedFindingOf(E, J.Result));
+      Report.TUs.push_back(J.File);
     }
     // This TU's configuration decides which of its checks are errors.
     std::optional<CachedGlobList> WAE;
@@ -447,7 +471,7 @@ StageError emit(Run &R, const RunReport &Report) {
   }
   if (R.OutFd >= 0 && close(R.OutFd) != 0)
     return "cannot write '" + Opts.Output + "'";
-  if (R.FixesOS) {
+  if (R.FixesOS && !R.Jobs.empty()) {
     std::vector<ClangTidyError> ToExport = Report.Errors;
     exportReplacements(R.Jobs.front().File, ToExport, *R.FixesOS);
     R.FixesOS->close();
@@ -490,7 +514,7 @@ RunReport runDriver(DriverOptions &Opts) {
       return usageError(*E);
     return RunReport();
   }
-  for (auto Stage : {loadDatabase, makeJobs, openOutputs, analyse})
+  for (auto Stage : {loadDatabase, makeJobs, selectShard, openOutputs, analyse})
     if (StageError E = Stage(R))
       return usageError(*E);
 

@@ -30,6 +30,8 @@ struct DriverOptions {
   bool Fix = false, ListChecks = false, DumpConfig = false, Quiet = false, NoCache = false;
   /// No shared preambles (Preamble.h): every TU parses its own includes.
   bool NoPch = false;
+  /// --shard=K/N (1 <= K <= N): only the K-th of N parts of the files.
+  std::string Shard;
   std::string ExportFixes, Explain, Output, CacheDir;
   OutputFormat Format = OutputFormat::Text;
   unsigned Jobs = 0;       // 0: one per core

@@ -164,18 +164,44 @@ std::vector<std::string> leadingIncludes(StringRef Source) {
   return Out;
 }
 
+std::string preambleGroupKey(const PreambleInput &In) {
+  if (In.Commands.size() != 1)
+    return "";
+  std::vector<std::string> Includes = leadingIncludes(readFile(In.File));
+  return Includes.empty() ? "" : compatibilityKey(In) + Includes.front();
+}
+
+std::vector<unsigned> partitionByKey(llvm::ArrayRef<std::string> Keys, unsigned N) {
+  llvm::StringMap<std::vector<size_t>> Members;
+  std::vector<std::vector<size_t> *> Groups;
+  for (size_t I = 0; I < Keys.size(); ++I) {
+    auto [It, New] = Members.try_emplace(Keys[I]);
+    if (New)
+      Groups.push_back(&It->second);
+    It->second.push_back(I);
+  }
+  llvm::stable_sort(Groups, [](auto *A, auto *B) { return A->size() > B->size(); });
+  std::vector<size_t> Load(N, 0);
+  std::vector<unsigned> Part(Keys.size(), 0);
+  for (const std::vector<size_t> *G : Groups) {
+    unsigned P = std::min_element(Load.begin(), Load.end()) - Load.begin();
+    for (size_t M : *G)
+      Part[M] = P;
+    Load[P] += G->size();
+  }
+  return Part;
+}
+
 std::vector<PreambleGroup> planPreambles(llvm::ArrayRef<PreambleInput> Inputs, StringRef Dir) {
   // Compatible TUs, then within them by first include, in input order.
   llvm::StringMap<std::vector<size_t>> ByKey;
   std::vector<std::string> KeyOrder;
   std::vector<std::vector<std::string>> Includes(Inputs.size());
   for (size_t I = 0; I < Inputs.size(); ++I) {
-    if (Inputs[I].Commands.size() != 1)
+    std::string Key = preambleGroupKey(Inputs[I]);
+    if (Key.empty())
       continue;
     Includes[I] = leadingIncludes(readFile(Inputs[I].File));
-    if (Includes[I].empty())
-      continue;
-    std::string Key = compatibilityKey(Inputs[I]) + Includes[I].front();
     auto [It, New] = ByKey.try_emplace(Key);
     if (New)
       KeyOrder.push_back(Key);

@@ -48,6 +48,16 @@ struct PreambleGroup {
 /// blank lines, up to the first line of anything else.
 std::vector<std::string> leadingIncludes(llvm::StringRef Source);
 
+/// The group a TU's preamble would be shared in: its compatibility (tool,
+/// configuration, command but for its own files) and first leading include;
+/// empty when it has none.
+std::string preambleGroupKey(const PreambleInput &In);
+
+/// Parts 0..N-1 for items keyed by \p Keys, items of one key in one part:
+/// keys largest first (ties: first seen), each to the part with the fewest
+/// items so far (ties: the lowest). Deterministic for the same keys.
+std::vector<unsigned> partitionByKey(llvm::ArrayRef<std::string> Keys, unsigned N);
+
 /// Groups of at least two of \p Inputs sharing a non-empty prefix; writes
 /// each group's prefix header into \p Dir.
 std::vector<PreambleGroup> planPreambles(llvm::ArrayRef<PreambleInput> Inputs, llvm::StringRef Dir);
