@@ -11,8 +11,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 TORCH_API = "/usr/include/torch/csrc/api/include"
 
 
-def main():
-    dst, count = pathlib.Path(sys.argv[1]).resolve(), int(sys.argv[2])
+def make(dst, count):
+    dst = pathlib.Path(dst).resolve()
     sources = sorted((ROOT / "test" / "realistic").glob("*.cpp"))[:count]
     if len(sources) < count:
         sys.exit(f"error: only {len(sources)} files in test/realistic")
@@ -25,6 +25,10 @@ def main():
                    "arguments": ["clang++-19", "-std=c++17", "-isystem", TORCH_API,
                                  "-c", f"src/{src.name}", "-o", f"{src.stem}.o"]})
     (dst / "compile_commands.json").write_text(json.dumps(db, indent=1))
+
+
+def main():
+    make(sys.argv[1], int(sys.argv[2]))
 
 
 if __name__ == "__main__":

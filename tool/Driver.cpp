@@ -93,6 +93,7 @@ struct Run {
   /// Shared preambles (Preamble.h): the groups, each job's PCH (if any).
   std::vector<PreambleGroup> Preambles;
   std::vector<const Preamble *> PreambleOf;
+  std::vector<bool> Waiting;
   unsigned PreamblesBuilt = 0, PreamblesReused = 0, WithPreamble = 0;
 };
 
@@ -252,38 +253,42 @@ StageError openOutputs(Run &R) {
   return std::nullopt;
 }
 
-/// Groups the jobs in \p Pending for shared preambles, then takes each
-/// group's PCH from the cache or builds it (in workers, all at once). A
-/// group whose PCH cannot be built is parsed as without one.
-void sharePreambles(Run &R, ResultCache &Cache, const std::vector<size_t> &Pending,
-                    unsigned Workers) {
+/// Groups the jobs in \p Pending for shared preambles and takes the PCHs
+/// earlier runs built from the cache. Returns the groups whose PCH is to be
+/// built; their members wait for it (R.Waiting).
+std::vector<size_t> planShared(Run &R, ResultCache &Cache, const std::vector<size_t> &Pending) {
   R.PreambleOf.assign(R.Jobs.size(), nullptr);
+  R.Waiting.assign(R.Jobs.size(), false);
+  std::vector<size_t> ToBuild;
   if (!Cache.enabled() || R.Opts.NoPch || Pending.size() < 2)
-    return;
+    return ToBuild;
   std::vector<PreambleInput> Inputs;
   for (size_t I : Pending)
     Inputs.push_back({R.Jobs[I].File, R.Jobs[I].Commands, R.Jobs[I].Options});
   R.Preambles = planPreambles(Inputs, Cache.dir() + "/preamble");
-  std::vector<size_t> ToBuild;
   for (size_t G = 0; G < R.Preambles.size(); ++G) {
-    if (loadPreamble(R.Preambles[G], Cache))
-      ++R.PreamblesReused;
-    else
+    PreambleGroup &P = R.Preambles[G];
+    bool Loaded = loadPreamble(P, Cache);
+    R.PreamblesReused += Loaded;
+    if (!Loaded)
       ToBuild.push_back(G);
+    for (size_t &M : P.Members) {
+      M = Pending[M]; // from now on, job indices
+      R.PreambleOf[M] = Loaded ? &P.Built : nullptr;
+      R.Waiting[M] = !Loaded;
+    }
   }
-  auto Build = [&](size_t G) {
-    const PreambleGroup &P = R.Preambles[G];
-    return buildPreamble(P.Command, P.Pch, P.Options);
-  };
-  // A worker that fails leaves its group without a PCH: no error to report.
-  runInWorkers(Workers, R.Opts.TimeoutSec, ToBuild, Build, [&](size_t G, TUResult Built) {
-    if (acceptPreamble(R.Preambles[G], Built))
-      ++R.PreamblesBuilt;
-  });
-  for (const PreambleGroup &G : R.Preambles)
-    if (!G.Built.Pch.empty())
-      for (size_t M : G.Members)
-        R.PreambleOf[Pending[M]] = &G.Built;
+  return ToBuild;
+}
+
+/// A PCH built (or not: a failed build leaves its group parsing as without
+/// one, with nothing to report).
+void finishPreamble(Run &R, PreambleGroup &G, const TUResult &Built) {
+  if (!acceptPreamble(G, Built))
+    return;
+  ++R.PreamblesBuilt;
+  for (size_t M : G.Members)
+    R.PreambleOf[M] = &G.Built;
 }
 
 /// A TU that parsed without its PCH but not with it: clang rejected the PCH.
@@ -332,20 +337,34 @@ StageError analyse(Run &R) {
     }
   }
   unsigned Workers = Opts.Jobs ? Opts.Jobs : llvm::hardware_concurrency().compute_thread_count();
-  sharePreambles(R, Cache, Pending, Workers);
-  std::string WorkerError = runInWorkers(
-      Workers, Opts.TimeoutSec, Pending,
-      [&](size_t I) {
-        return analyzeTU(Jobs[I].File, Jobs[I].Commands, Jobs[I].Options, R.PreambleOf[I]);
-      },
-      [&](size_t I, TUResult Result) {
-        Result.File = Jobs[I].File;
-        R.WithPreamble += Result.UsedPreamble;
-        forgetRejectedPreamble(R.PreambleOf[I], Result);
-        Cache.store(Jobs[I].Key, Result);
-        Jobs[I].Result = std::move(Result);
-        ShowProgress(Jobs[I]);
-      });
+  // Workers take tasks: a job's index, or Jobs.size() + G to build preamble
+  // G. First the PCHs and, beside them, the jobs that need none; then the
+  // jobs that waited for one (parsed without it if it failed).
+  std::vector<size_t> ToBuild = planShared(R, Cache, Pending), First, Second;
+  for (size_t G : ToBuild)
+    First.push_back(Jobs.size() + G);
+  for (size_t I : Pending)
+    (R.Waiting[I] ? Second : First).push_back(I);
+  auto Work = [&](size_t T) {
+    if (T >= Jobs.size()) {
+      const PreambleGroup &P = R.Preambles[T - Jobs.size()];
+      return buildPreamble(P.Command, P.Pch, P.Options);
+    }
+    return analyzeTU(Jobs[T].File, Jobs[T].Commands, Jobs[T].Options, R.PreambleOf[T]);
+  };
+  auto Done = [&](size_t T, TUResult Result) {
+    if (T >= Jobs.size())
+      return finishPreamble(R, R.Preambles[T - Jobs.size()], Result);
+    Result.File = Jobs[T].File;
+    R.WithPreamble += Result.UsedPreamble;
+    forgetRejectedPreamble(R.PreambleOf[T], Result);
+    Cache.store(Jobs[T].Key, Result);
+    Jobs[T].Result = std::move(Result);
+    ShowProgress(Jobs[T]);
+  };
+  std::string WorkerError = runInWorkers(Workers, Opts.TimeoutSec, First, Work, Done);
+  if (WorkerError.empty())
+    WorkerError = runInWorkers(Workers, Opts.TimeoutSec, Second, Work, Done);
   if (Progress)
     llvm::errs() << "\r\x1b[K";
   if (!WorkerError.empty())

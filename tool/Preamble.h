@@ -39,7 +39,7 @@ struct PreambleGroup {
   /// Builds the PCH: a member's command, compiling Header.
   clang::tooling::CompileCommand Command;
   clang::tidy::ClangTidyOptions Options;
-  std::vector<size_t> Members; // indices into the inputs
+  std::vector<size_t> Members; // indices into the inputs (the driver's: jobs)
   Preamble Built;              // Pch empty until valid
   bool Reused = false;
 };
