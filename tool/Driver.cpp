@@ -297,17 +297,41 @@ void forgetRejectedPreamble(const Preamble *P, const TUResult &Result) {
     llvm::sys::fs::remove(P->DepsFile);
 }
 
+/// Takes what the cache has; returns the jobs still to analyse.
+std::vector<size_t> fromCache(Run &R, ResultCache &Cache,
+                              llvm::function_ref<void(const Job &)> ShowProgress) {
+  std::vector<size_t> Pending;
+  for (size_t I = 0; I < R.Jobs.size(); ++I) {
+    Job &J = R.Jobs[I];
+    if (Cache.enabled())
+      J.Key = cacheKey(J, Cache);
+    std::optional<TUResult> Hit = Cache.lookup(J.Key);
+    if (!Hit) {
+      Pending.push_back(I);
+      continue;
+    }
+    J.Result = std::move(*Hit);
+    ++R.Cached;
+    ShowProgress(J);
+  }
+  return Pending;
+}
+
+/// --cache-dir, else <build-dir>/.tensor-tidy-cache; empty: no cache.
+std::string cacheDirOf(const DriverOptions &Opts) {
+  if (Opts.NoCache)
+    return "";
+  if (!Opts.CacheDir.empty())
+    return absolutePath(Opts.CacheDir);
+  if (!Opts.BuildPath.empty())
+    return absolutePath(Opts.BuildPath + "/.tensor-tidy-cache");
+  return "";
+}
+
 /// The cache, then workers for what it does not have.
 StageError analyse(Run &R) {
   const DriverOptions &Opts = R.Opts;
-  std::string CacheDir;
-  if (!Opts.NoCache) {
-    if (!Opts.CacheDir.empty())
-      CacheDir = absolutePath(Opts.CacheDir);
-    else if (!Opts.BuildPath.empty())
-      CacheDir = absolutePath(Opts.BuildPath + "/.tensor-tidy-cache");
-  }
-  ResultCache Cache(CacheDir);
+  ResultCache Cache(cacheDirOf(Opts));
   if (auto Why = Cache.prepare())
     llvm::errs() << "tensor-tidy: warning: " << *Why << "; not caching\n";
 
@@ -321,21 +345,7 @@ StageError analyse(Run &R) {
       llvm::errs() << "\r\x1b[K[" << Finished << "/" << Jobs.size() << "] "
                    << relativeToCwd(J.File);
   };
-  std::vector<size_t> Pending;
-  for (size_t I = 0; I < Jobs.size(); ++I) {
-    if (!Cache.enabled()) {
-      Pending.push_back(I);
-      continue;
-    }
-    Jobs[I].Key = cacheKey(Jobs[I], Cache);
-    if (std::optional<TUResult> Hit = Cache.lookup(Jobs[I].Key)) {
-      Jobs[I].Result = std::move(*Hit);
-      ++R.Cached;
-      ShowProgress(Jobs[I]);
-    } else {
-      Pending.push_back(I);
-    }
-  }
+  std::vector<size_t> Pending = fromCache(R, Cache, ShowProgress);
   unsigned Workers = Opts.Jobs ? Opts.Jobs : llvm::hardware_concurrency().compute_thread_count();
   // Workers take tasks: a job's index, or Jobs.size() + G to build preamble
   // G. First the PCHs and, beside them, the jobs that need none; then the
