@@ -1,5 +1,7 @@
-// A TU of the group: its leading includes are the shared prefix.
-#include <tt/tt.h>
+/* A TU of the group: comments, blank lines and a trailing comment
+   do not end the leading includes. */
+
+#include <tt/tt.h> // the runtime
 #include <proj/model.h>
 #include <vector>
 
