@@ -1,6 +1,6 @@
 // A TU of the group: its leading includes are the shared prefix.
-#include <tt/tt.h>
 #include <proj/model.h>
+#include <tt/tt.h>
 #include <vector>
 
 void use(const tt::Tensor &);

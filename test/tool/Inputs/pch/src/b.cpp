@@ -1,8 +1,8 @@
 /* A TU of the group: comments, blank lines and a trailing comment
    do not end the leading includes. */
 
-#include <tt/tt.h> // the runtime
 #include <proj/model.h>
+#include <tt/tt.h> // the runtime
 #include <vector>
 
 void use(const tt::Tensor &);

@@ -1,7 +1,7 @@
 // A macro ahead of the includes: the PCH would not see it, so no PCH.
 #define TT_PCH_TEST_MACRO 1
-#include <tt/tt.h>
 #include <proj/model.h>
+#include <tt/tt.h>
 
 void use(const tt::Tensor &);
 

@@ -1,6 +1,6 @@
 // Same includes, other flags: not in the group.
-#include <tt/tt.h>
 #include <proj/model.h>
+#include <tt/tt.h>
 #include <vector>
 
 void use(const tt::Tensor &);
