@@ -1,11 +1,26 @@
 #include "Cache.h"
 
+#include "Docs.h"
+
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
+#ifndef TT_VERSION
+#define TT_VERSION "0"
+#endif
+
 namespace tensor_tidy {
+
+std::string toolStamp() {
+  std::string Stamp = "tensor-tidy " TT_VERSION;
+  llvm::sys::fs::file_status St;
+  if (!llvm::sys::fs::status(executablePath(), St))
+    Stamp += " " + std::to_string(St.getSize()) + " " +
+             std::to_string(St.getLastModificationTime().time_since_epoch().count());
+  return Stamp;
+}
 
 std::optional<std::string> ResultCache::prepare() {
   if (!enabled())

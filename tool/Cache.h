@@ -12,11 +12,16 @@
 
 namespace tensor_tidy {
 
+/// Stands for the checks' version in cache keys: the release, and the
+/// executable's size and time while developing.
+std::string toolStamp();
+
 class ResultCache {
 public:
   /// An empty \p Dir disables the cache.
   explicit ResultCache(std::string Dir) : Dir(std::move(Dir)) {}
   bool enabled() const { return !Dir.empty(); }
+  const std::string &dir() const { return Dir; }
   /// Creates the directory; on failure the cache is disabled and the reason
   /// returned.
   std::optional<std::string> prepare();

@@ -130,11 +130,9 @@ json::Value toJSON(const TUResult &R) {
   json::Array Findings;
   for (const auto &F : R.Findings)
     Findings.push_back(toJSON(F));
-  return json::Object{{"file", R.File},
-                      {"failed", R.Failed},
-                      {"deps", std::move(Deps)},
-                      {"errors", std::move(Errors)},
-                      {"findings", std::move(Findings)}};
+  return json::Object{
+      {"file", R.File},          {"failed", R.Failed},          {"preamble", R.UsedPreamble},
+      {"deps", std::move(Deps)}, {"errors", std::move(Errors)}, {"findings", std::move(Findings)}};
 }
 
 bool fromJSON(const json::Value &V, TUResult &R) {
@@ -143,6 +141,7 @@ bool fromJSON(const json::Value &V, TUResult &R) {
     return false;
   R.File = O->getString("file").value_or("").str();
   R.Failed = O->getBoolean("failed").value_or(true);
+  R.UsedPreamble = O->getBoolean("preamble").value_or(false);
   if (const json::Array *Deps = O->getArray("deps"))
     for (const json::Value &D : *Deps) {
       const json::Array *Pair = D.getAsArray();

@@ -34,6 +34,8 @@ struct TUResult {
   /// resident memory (0 when the result came from the cache).
   double Seconds = 0;
   uint64_t PeakRssKiB = 0;
+  /// Parsed with a shared preamble's PCH (Preamble.h).
+  bool UsedPreamble = false;
 };
 
 llvm::json::Value toJSON(const TUResult &R);

@@ -4,6 +4,7 @@
 #include "Config.h"
 #include "Docs.h"
 #include "Paths.h"
+#include "Preamble.h"
 #include "Report.h"
 #include "Scheduler.h"
 #include "Worker.h"
@@ -26,10 +27,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-
-#ifndef TT_VERSION
-#define TT_VERSION "0"
-#endif
 
 using namespace clang;
 using namespace clang::tidy;
@@ -57,13 +54,7 @@ std::string cacheKey(const Job &J, ResultCache &Cache) {
     H.update(S);
     H.update(llvm::StringRef("\0", 1));
   };
-  Add("tensor-tidy " TT_VERSION);
-  // The executable itself stands for the checks' version while developing.
-  llvm::sys::fs::file_status St;
-  if (!llvm::sys::fs::status(executablePath(), St)) {
-    Add(std::to_string(St.getSize()));
-    Add(std::to_string(St.getLastModificationTime().time_since_epoch().count()));
-  }
+  Add(toolStamp());
   Add(configurationAsText(J.Options));
   for (const CompileCommand &C : J.Commands) {
     Add(C.Directory);
@@ -101,6 +92,11 @@ struct Run {
   int OutFd = -1;
   std::unique_ptr<llvm::raw_fd_ostream> FixesOS;
   unsigned Cached = 0;
+  /// Shared preambles (Preamble.h): the groups, each job's PCH (if any).
+  std::vector<PreambleGroup> Preambles;
+  std::vector<const Preamble *> PreambleOf;
+  std::vector<bool> Waiting;
+  unsigned PreamblesBuilt = 0, PreamblesReused = 0, WithPreamble = 0;
 };
 
 /// A stage's result: empty, or why the run stops with a usage error.
@@ -221,6 +217,29 @@ StageError makeJobs(Run &R) {
   return std::nullopt;
 }
 
+/// --shard=K/N: keeps the K-th of N parts of the jobs, deterministically,
+/// a preamble group never split (so its PCH is built once, on one runner).
+StageError selectShard(Run &R) {
+  if (R.Opts.Shard.empty())
+    return std::nullopt;
+  auto [K, N] = llvm::StringRef(R.Opts.Shard).split('/');
+  unsigned Index = 0, Count = 0;
+  if (K.getAsInteger(10, Index) || N.getAsInteger(10, Count) || Index < 1 || Index > Count)
+    return "--shard must be K/N with 1 <= K <= N, not '" + R.Opts.Shard + "'";
+  std::vector<std::string> Keys;
+  for (const Job &J : R.Jobs) {
+    std::string Key = preambleGroupKey({J.File, J.Commands, J.Options});
+    Keys.push_back(Key.empty() ? "file:" + J.File : Key);
+  }
+  std::vector<unsigned> Part = partitionByKey(Keys, Count);
+  std::vector<Job> Kept;
+  for (size_t I = 0; I < R.Jobs.size(); ++I)
+    if (Part[I] == Index - 1)
+      Kept.push_back(std::move(R.Jobs[I]));
+  R.Jobs = std::move(Kept);
+  return std::nullopt;
+}
+
 /// Outputs are opened before the work so that a bad path fails fast.
 StageError openOutputs(Run &R) {
   const DriverOptions &Opts = R.Opts;
@@ -236,17 +255,85 @@ StageError openOutputs(Run &R) {
   return std::nullopt;
 }
 
+/// Groups the jobs in \p Pending for shared preambles and takes the PCHs
+/// earlier runs built from the cache. Returns the groups whose PCH is to be
+/// built; their members wait for it (R.Waiting).
+std::vector<size_t> planShared(Run &R, ResultCache &Cache, const std::vector<size_t> &Pending) {
+  R.PreambleOf.assign(R.Jobs.size(), nullptr);
+  R.Waiting.assign(R.Jobs.size(), false);
+  std::vector<size_t> ToBuild;
+  if (!Cache.enabled() || R.Opts.NoPch || Pending.size() < 2)
+    return ToBuild;
+  std::vector<PreambleInput> Inputs;
+  for (size_t I : Pending)
+    Inputs.push_back({R.Jobs[I].File, R.Jobs[I].Commands, R.Jobs[I].Options});
+  R.Preambles = planPreambles(Inputs, Cache.dir() + "/preamble");
+  for (size_t G = 0; G < R.Preambles.size(); ++G) {
+    PreambleGroup &P = R.Preambles[G];
+    bool Loaded = loadPreamble(P, Cache);
+    R.PreamblesReused += Loaded;
+    if (!Loaded)
+      ToBuild.push_back(G);
+    for (size_t &M : P.Members) {
+      M = Pending[M]; // from now on, job indices
+      R.PreambleOf[M] = Loaded ? &P.Built : nullptr;
+      R.Waiting[M] = !Loaded;
+    }
+  }
+  return ToBuild;
+}
+
+/// A PCH built (or not: a failed build leaves its group parsing as without
+/// one, with nothing to report).
+void finishPreamble(Run &R, PreambleGroup &G, const TUResult &Built) {
+  if (!acceptPreamble(G, Built))
+    return;
+  ++R.PreamblesBuilt;
+  for (size_t M : G.Members)
+    R.PreambleOf[M] = &G.Built;
+}
+
+/// A TU that parsed without its PCH but not with it: clang rejected the PCH.
+void forgetRejectedPreamble(const Preamble *P, const TUResult &Result) {
+  if (P && !Result.UsedPreamble && !Result.Failed && Result.Crash.empty())
+    llvm::sys::fs::remove(P->DepsFile);
+}
+
+/// Takes what the cache has; returns the jobs still to analyse.
+std::vector<size_t> fromCache(Run &R, ResultCache &Cache,
+                              llvm::function_ref<void(const Job &)> ShowProgress) {
+  std::vector<size_t> Pending;
+  for (size_t I = 0; I < R.Jobs.size(); ++I) {
+    Job &J = R.Jobs[I];
+    if (Cache.enabled())
+      J.Key = cacheKey(J, Cache);
+    std::optional<TUResult> Hit = Cache.lookup(J.Key);
+    if (!Hit) {
+      Pending.push_back(I);
+      continue;
+    }
+    J.Result = std::move(*Hit);
+    ++R.Cached;
+    ShowProgress(J);
+  }
+  return Pending;
+}
+
+/// --cache-dir, else <build-dir>/.tensor-tidy-cache; empty: no cache.
+std::string cacheDirOf(const DriverOptions &Opts) {
+  if (Opts.NoCache)
+    return "";
+  if (!Opts.CacheDir.empty())
+    return absolutePath(Opts.CacheDir);
+  if (!Opts.BuildPath.empty())
+    return absolutePath(Opts.BuildPath + "/.tensor-tidy-cache");
+  return "";
+}
+
 /// The cache, then workers for what it does not have.
 StageError analyse(Run &R) {
   const DriverOptions &Opts = R.Opts;
-  std::string CacheDir;
-  if (!Opts.NoCache) {
-    if (!Opts.CacheDir.empty())
-      CacheDir = absolutePath(Opts.CacheDir);
-    else if (!Opts.BuildPath.empty())
-      CacheDir = absolutePath(Opts.BuildPath + "/.tensor-tidy-cache");
-  }
-  ResultCache Cache(CacheDir);
+  ResultCache Cache(cacheDirOf(Opts));
   if (auto Why = Cache.prepare())
     llvm::errs() << "tensor-tidy: warning: " << *Why << "; not caching\n";
 
@@ -260,31 +347,36 @@ StageError analyse(Run &R) {
       llvm::errs() << "\r\x1b[K[" << Finished << "/" << Jobs.size() << "] "
                    << relativeToCwd(J.File);
   };
-  std::vector<size_t> Pending;
-  for (size_t I = 0; I < Jobs.size(); ++I) {
-    if (!Cache.enabled()) {
-      Pending.push_back(I);
-      continue;
-    }
-    Jobs[I].Key = cacheKey(Jobs[I], Cache);
-    if (std::optional<TUResult> Hit = Cache.lookup(Jobs[I].Key)) {
-      Jobs[I].Result = std::move(*Hit);
-      ++R.Cached;
-      ShowProgress(Jobs[I]);
-    } else {
-      Pending.push_back(I);
-    }
-  }
+  std::vector<size_t> Pending = fromCache(R, Cache, ShowProgress);
   unsigned Workers = Opts.Jobs ? Opts.Jobs : llvm::hardware_concurrency().compute_thread_count();
-  std::string WorkerError = runInWorkers(
-      Workers, Opts.TimeoutSec, Pending,
-      [&](size_t I) { return analyzeTU(Jobs[I].File, Jobs[I].Commands, Jobs[I].Options); },
-      [&](size_t I, TUResult Result) {
-        Result.File = Jobs[I].File;
-        Cache.store(Jobs[I].Key, Result);
-        Jobs[I].Result = std::move(Result);
-        ShowProgress(Jobs[I]);
-      });
+  // Workers take tasks: a job's index, or Jobs.size() + G to build preamble
+  // G. First the PCHs and, beside them, the jobs that need none; then the
+  // jobs that waited for one (parsed without it if it failed).
+  std::vector<size_t> ToBuild = planShared(R, Cache, Pending), First, Second;
+  for (size_t G : ToBuild)
+    First.push_back(Jobs.size() + G);
+  for (size_t I : Pending)
+    (R.Waiting[I] ? Second : First).push_back(I);
+  auto Work = [&](size_t T) {
+    if (T >= Jobs.size()) {
+      const PreambleGroup &P = R.Preambles[T - Jobs.size()];
+      return buildPreamble(P.Command, P.Pch, P.Options);
+    }
+    return analyzeTU(Jobs[T].File, Jobs[T].Commands, Jobs[T].Options, R.PreambleOf[T]);
+  };
+  auto Done = [&](size_t T, TUResult Result) {
+    if (T >= Jobs.size())
+      return finishPreamble(R, R.Preambles[T - Jobs.size()], Result);
+    Result.File = Jobs[T].File;
+    R.WithPreamble += Result.UsedPreamble;
+    forgetRejectedPreamble(R.PreambleOf[T], Result);
+    Cache.store(Jobs[T].Key, Result);
+    Jobs[T].Result = std::move(Result);
+    ShowProgress(Jobs[T]);
+  };
+  std::string WorkerError = runInWorkers(Workers, Opts.TimeoutSec, First, Work, Done);
+  if (WorkerError.empty())
+    WorkerError = runInWorkers(Workers, Opts.TimeoutSec, Second, Work, Done);
   if (Progress)
     llvm::errs() << "\r\x1b[K";
   if (!WorkerError.empty())
@@ -362,6 +454,7 @@ RunReport merge(const Run &R) {
         continue;
       Report.Errors.push_back(E);
       Report.Typed.push_back(typedFindingOf(E, J.Result));
+      Report.TUs.push_back(J.File);
     }
     // This TU's configuration decides which of its checks are errors.
     std::optional<CachedGlobList> WAE;
@@ -376,6 +469,15 @@ RunReport merge(const Run &R) {
   }
   llvm::sort(Report.EnabledChecks);
   return Report;
+}
+
+/// ", preambles: B built, U reused, N files" when the run had any.
+std::string preambleSummary(const Run &R) {
+  if (R.Preambles.empty())
+    return "";
+  return ", preambles: " + std::to_string(R.PreamblesBuilt) + " built, " +
+         std::to_string(R.PreamblesReused) + " reused, " + std::to_string(R.WithPreamble) +
+         " files";
 }
 
 /// Text (clang-tidy's reporter, which also applies --fix), JSON or SARIF, to
@@ -424,7 +526,7 @@ StageError emit(Run &R, const RunReport &Report) {
   }
   if (R.OutFd >= 0 && close(R.OutFd) != 0)
     return "cannot write '" + Opts.Output + "'";
-  if (R.FixesOS) {
+  if (R.FixesOS && !R.Jobs.empty()) {
     std::vector<ClangTidyError> ToExport = Report.Errors;
     exportReplacements(R.Jobs.front().File, ToExport, *R.FixesOS);
     R.FixesOS->close();
@@ -439,7 +541,8 @@ StageError emit(Run &R, const RunReport &Report) {
   unsigned NumErrors = Report.errorCount();
   if (!Opts.Quiet && R.Jobs.size() > 1)
     llvm::errs() << "tensor-tidy: " << R.Jobs.size() << " files (" << R.Cached << " from cache), "
-                 << Report.Errors.size() - NumErrors << " warnings, " << NumErrors << " errors\n";
+                 << Report.Errors.size() - NumErrors << " warnings, " << NumErrors << " errors"
+                 << preambleSummary(R) << "\n";
   return std::nullopt;
 }
 
@@ -466,7 +569,7 @@ RunReport runDriver(DriverOptions &Opts) {
       return usageError(*E);
     return RunReport();
   }
-  for (auto Stage : {loadDatabase, makeJobs, openOutputs, analyse, writeStats})
+  for (auto Stage : {loadDatabase, makeJobs, selectShard, openOutputs, analyse, writeStats})
     if (StageError E = Stage(R))
       return usageError(*E);
 

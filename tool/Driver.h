@@ -28,6 +28,10 @@ struct DriverOptions {
   std::string Config, ConfigFile;
   std::vector<std::string> ExtraArgs, ExtraArgsBefore;
   bool Fix = false, ListChecks = false, DumpConfig = false, Quiet = false, NoCache = false;
+  /// No shared preambles (Preamble.h): every TU parses its own includes.
+  bool NoPch = false;
+  /// --shard=K/N (1 <= K <= N): only the K-th of N parts of the files.
+  std::string Shard;
   std::string ExportFixes, Explain, Output, CacheDir;
   std::string StatsFile; // per-TU time and peak memory, as JSON
   OutputFormat Format = OutputFormat::Text;

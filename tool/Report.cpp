@@ -204,6 +204,8 @@ public:
       if (!Fixes.empty())
         Result["fixes"] = std::move(Fixes);
       json::Object Properties;
+      if (I < Rep.TUs.size())
+        Properties["tensorTidyTU"] = Rep.TUs[I];
       if (const auto *F = typedAt(Rep, I))
         Properties["tensorTidyFinding"] = toJSON(*F);
       if (const json::Value *V = verdictAt(Rep, I))
@@ -296,8 +298,15 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
        json::Array{json::Object{{"executionSuccessful", Rep.Failures.empty()},
                                 {"toolExecutionNotifications", sarifNotifications(Rep, Root)}}}},
       {"results", std::move(Results)}};
+  // What --merge needs to rebuild the rules of an unsharded run.
+  json::Object Properties{
+      {"tensorTidyChecks",
+       json::Object{{"enabled", json::Array(Rep.EnabledChecks)},
+                    {"errors", json::Array(std::vector<std::string>(Rep.ErrorChecks.begin(),
+                                                                    Rep.ErrorChecks.end()))}}}};
   if (Rep.VerifySummary)
-    Run["properties"] = json::Object{{"tensorTidyVerify", verifySummary(Rep)}};
+    Properties["tensorTidyVerify"] = verifySummary(Rep);
+  Run["properties"] = std::move(Properties);
   json::Value Log = json::Object{{"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
                                  {"version", "2.1.0"},
                                  {"runs", json::Array{std::move(Run)}}};
@@ -336,6 +345,8 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
                                        {"column", P.Column},
                                        {"replacement", R.getReplacementText()}});
         }
+    if (I < Rep.TUs.size())
+      D["tu"] = Rep.TUs[I];
     D["notes"] = std::move(Notes);
     D["fixes"] = std::move(Fixes);
     if (const auto *F = typedAt(Rep, I))

@@ -23,6 +23,9 @@ struct RunReport {
   /// The typed finding behind each error (same index); none for compiler
   /// diagnostics and under a check that emits none.
   std::vector<std::optional<clang::tidy::tensor::Finding>> Typed;
+  /// The translation unit that reported each error (same index): --merge
+  /// orders the reports of --shard runs by it.
+  std::vector<std::string> TUs;
   /// A translation unit that could not be (fully) analysed.
   struct Failure {
     enum Kind { ParseError, Crash, Timeout };

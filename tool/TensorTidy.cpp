@@ -4,6 +4,7 @@
 #include "CrashReport.h"
 #include "Docs.h"
 #include "Driver.h"
+#include "Merge.h"
 #include "Paths.h"
 #include "verify/Verify.h"
 
@@ -95,6 +96,22 @@ static cl::opt<std::string>
 static cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the result cache"),
                              cl::cat(Category));
 
+static cl::opt<bool>
+    NoPch("no-pch",
+          cl::desc("Parse every file's includes itself (default: TUs that share their leading "
+                   "#include <...> lines and flags share one precompiled header in the cache)"),
+          cl::cat(Category));
+
+static cl::opt<std::string>
+    Shard("shard",
+          cl::desc("Analyse only the K-th of N deterministic parts of the files (CI matrix "
+                   "jobs); join the parts' reports with --merge"),
+          cl::value_desc("K/N"), cl::cat(Category));
+static cl::opt<bool> Merge("merge",
+                           cl::desc("Join the JSON or SARIF reports named (from --shard runs) "
+                                    "into one, as an unsharded run writes it"),
+                           cl::cat(Category));
+
 static const char Overview[] =
     "Finds tensor aliasing, layout and autograd hazards in C++ (torch::Tensor, tt::Tensor).\n\n"
     "  tensor-tidy -p <build-dir> [files...]   files from compile_commands.json (all if none)\n"
@@ -159,6 +176,10 @@ int main(int argc, const char **argv) {
   Opts.Quiet = Quiet;
   Opts.CacheDir = CacheDir;
   Opts.NoCache = NoCache;
+  Opts.NoPch = NoPch;
+  Opts.Shard = Shard;
+  if (Merge)
+    return mergeReports(Opts.Files, Opts.Output);
 
   // --verify (tool/verify/) hooks in here: register its options before the
   // parse above, then set Opts.AfterAnalysis when it is enabled.
