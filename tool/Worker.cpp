@@ -47,6 +47,12 @@ public:
     std::vector<Decl *> Scope;
     llvm::DenseMap<FileID, bool> Selected;
     for (Decl *D : Ctx.getTranslationUnitDecl()->decls()) {
+      // Builtins have no location, and the invalid FileID is DenseMap's
+      // empty key: never look it up (the sanitized CI run caught the read).
+      if (D->getLocation().isInvalid()) {
+        Scope.push_back(D);
+        continue;
+      }
       FileID FID = SM.getFileID(SM.getExpansionLoc(D->getLocation()));
       auto [It, New] = Selected.try_emplace(FID, false);
       if (New)
@@ -63,8 +69,8 @@ private:
     if (FID == SM.getMainFileID())
       return true;
     OptionalFileEntryRef File = SM.getFileEntryRefForID(FID);
-    // Builtins and command-line macros: no file, always reported.
-    if (!File || FID.isInvalid())
+    // Command-line macros and the like: no file, always reported.
+    if (!File)
       return true;
     if (!SystemHeaders && SrcMgr::isSystem(SM.getFileCharacteristic(SM.getLocForStartOfFile(FID))))
       return false;
