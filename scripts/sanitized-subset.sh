@@ -8,15 +8,18 @@
 # crash-report test. The LibTorch variants (10+ s of parsing each) stay in the
 # full run, scripts/sanitize-check.sh.
 #   scripts/sanitized-subset.sh <build-dir>
-# Prints nothing, and says why on stderr, when clang's sanitizer runtime is
-# not installed (setup.sh installs it where it can). A failed build fails.
+# Prints nothing, and says why on stderr, when clang's sanitizer runtime or
+# OpenMP is not installed (setup.sh installs it where it can). A failed build fails.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:?usage: sanitized-subset.sh <build-dir>}
-if ! dpkg-query -W -f='${Status}' libclang-rt-19-dev 2>/dev/null | grep -q "install ok installed"; then
-  echo "sanitized subset skipped: libclang-rt-19-dev is not installed" >&2
-  exit 0
-fi
+# Both optional in setup.sh; sanitize-check.sh would try to install a missing one.
+for p in libclang-rt-19-dev libomp-19-dev; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    echo "sanitized subset skipped: $p is not installed" >&2
+    exit 0
+  fi
+done
 mkdir -p "$BUILD"
 echo "sanitized subset: building in $BUILD (log: $BUILD/build.log)" >&2
 if ! TT_ASAN_BUILD_DIR="$BUILD" TT_ASAN_OPT="-O0" \
