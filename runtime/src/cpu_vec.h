@@ -21,8 +21,25 @@ inline constexpr bool kHasBinary =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
     std::is_same_v<T, std::int64_t>;
 
+// Note [streaming stores]: an output too large to stay in the cache beside
+// its inputs is written with non-temporal stores, which skip the read of each
+// output line that a plain store makes first (write-allocate) and leave the
+// inputs in the cache; glibc's memcpy does the same above its threshold.
+// Measured on one thread (docs/benchmarks.md): a chain of two float adds
+// gains from 8 MiB outputs on a 32 MiB L3 and loses below 6 MiB, where the
+// next op would have found the output in the cache. Several threads draw on
+// the L3 faster than DRAM takes streamed writes, so the threshold (a third of
+// the L3, cpu_backend.cpp) applies to each thread's share of the output.
+// Streaming loops, where the ISA has none, fall back to the cached ones. A
+// streaming loop needs streamFence() on the same thread before another
+// thread may read what it wrote.
+enum class Store { Cached, Streaming };
+
 // The loop for op on T (unitAlpha: alpha is 1), or nullptr where there is none
 // (integer Div floors and checks for zero; Pow, Maximum, Minimum: scalar code).
-template <typename T> BinaryFn<T> binary(BinaryOp op, bool unitAlpha);
+template <typename T> BinaryFn<T> binary(BinaryOp op, bool unitAlpha, Store store);
+
+// Orders this thread's streaming stores before its later stores (sfence).
+void streamFence();
 
 } // namespace tt::backend::vec

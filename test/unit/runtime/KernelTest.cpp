@@ -104,31 +104,57 @@ void expectBinary(std::int64_t rows, std::int64_t cols, const Shape &bShape, tt:
   tt::Tensor a = tt::arange(rows * cols, tt::kLong).view({rows, cols}).to(dt);
   tt::Tensor b = tt::arange(numelOf(bShape), tt::kLong).view(bShape).add(3).to(dt);
   std::vector<std::int64_t> av = longs(a), bv = longs(b);
-  std::vector<std::int64_t> sum, sum2, prod;
+  std::vector<std::int64_t> sum, sum2, diff, prod;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {
       std::int64_t y = bv[bShape.size() == 1 ? c : bShape[1] == 1 ? r : r * cols + c];
       std::int64_t x = av[r * cols + c];
       sum.push_back(x + y);
       sum2.push_back(x + 2 * y);
+      diff.push_back(x - y);
       prod.push_back(x * y);
     }
   EXPECT_EQ(longs(a.add(b)), sum);
   EXPECT_EQ(longs(a.add(b, 2)), sum2);
+  EXPECT_EQ(longs(a.sub(b)), diff);
   EXPECT_EQ(longs(a.mul(b)), prod);
   EXPECT_EQ(longs(b.mul(a)), prod); // the broadcast operand first
+  tt::Tensor c = a.clone();
+  c.add_(b); // in place: never streamed
+  EXPECT_EQ(longs(c), sum);
 }
 
 TEST(Elementwise, AddAndMulMatchTheReferenceForEveryLayout) {
   for (tt::ScalarType dt : {tt::kFloat, tt::kDouble, tt::kInt, tt::kLong}) {
     SCOPED_TRACE(tt::toString(dt));
-    for (std::int64_t cols : {1, 7, 16, 33, 100}) {
+    for (std::int64_t cols : {1, 7, 16, 33, 100, 515}) {
       SCOPED_TRACE(cols);
       expectBinary(9, cols, {9, cols}, dt);
       expectBinary(9, cols, {cols}, dt);
       expectBinary(9, cols, {9, 1}, dt);
     }
   }
+}
+
+// Outputs large enough to be split across threads, at a row length that puts
+// the second thread's first element off any vector boundary (its loop starts
+// with a scalar head). test/runtime/streaming-stores.test runs this with every
+// output streamed.
+TEST(Elementwise, LargeOutputsMatchTheReferenceAtEveryThreadCount) {
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    tt::set_num_threads(threads);
+    expectBinary(129, 2051, {129, 2051}, tt::kDouble); // exact products
+    expectBinary(129, 2051, {2051}, tt::kDouble);
+    expectBinary(129, 2051, {129, 1}, tt::kDouble);
+  }
+  tt::set_num_threads(1);
+}
+
+// Note [huge pages for large blocks]: blocks of 2 MiB and more start on a 2 MiB boundary.
+TEST(Allocator, LargeBlocksAreHugePageAligned) {
+  tt::Tensor big = tt::empty({std::int64_t(1) << 20}, tt::dtype(tt::kFloat)); // 4 MiB
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.data_ptr()) % (std::uintptr_t(2) << 20), 0u);
 }
 
 } // namespace
