@@ -3,13 +3,17 @@
 // intra-op threads. After Google Benchmark's own output it prints the ratios
 // and whether each target of docs/benchmarks.md is met (--markdown: as a table).
 //
-//   runtime_bench [--reps=N] [--threads=1,2] [--basis=wall|cpu] [--markdown] [benchmark flags]
+//   runtime_bench [--reps=N] [--threads=1,2] [--basis=wall|cpu] [--rounds=N] [--round-ms=M]
+//                 [--markdown] [benchmark flags]
 // Exit status: 0 every target met, 1 some target missed, 2 a plugin failed to load.
 //
-// Each ratio uses the fastest repetition of both sides (least disturbed by
-// other processes). Ratios are printed on wall time and on process CPU time;
-// --basis picks the one the targets are judged on (cpu on a machine loaded by
-// other work, where wall time mostly measures the scheduler).
+// Google Benchmark's runs give the times (fastest repetition of each); the
+// ratios and verdicts come from paired rounds run after them (Note [paired
+// rounds] in paired.h: --rounds=N, default 15, of --round-ms=M, default 20, per
+// side). Ratios are printed on wall time and on process CPU time; --basis
+// picks the one the targets are judged on (cpu on a machine loaded by other
+// work, where wall time mostly measures the scheduler).
+#include "paired.h"
 #include "runtime_workloads.h"
 
 #include <benchmark/benchmark.h>
@@ -150,6 +154,50 @@ const Target kTargets[] = {
 };
 constexpr double kTraceOffMax = 1.02; // trace compiled in but off: at most +2%
 
+const Target *targetFor(const std::string &workload) {
+  const Target *tg = nullptr;
+  for (const Target &x : kTargets)
+    if (workload.rfind(x.prefix, 0) == 0)
+      tg = &x;
+  return tg;
+}
+
+// --- paired verdicts (paired.h) ----------------------------------------------------------
+struct Verdict {
+  PairedRatio vsBaseline; // baseline time / tt time
+  PairedRatio traceOff;   // tt time / tt-notrace time
+};
+std::map<std::string, Verdict> gVerdicts; // by key(workload, threads, "")
+int gRounds = 15;
+double gRoundSeconds = 0.02;
+
+const BenchWorkload *findWorkload(const std::string &backend, const std::string &name) {
+  if (backend == "memcpy") {
+    auto m = kMemcpy.find(name);
+    return m == kMemcpy.end() ? nullptr : &m->second;
+  }
+  for (const Backend &b : gBackends)
+    for (const BenchWorkload &w : b.workloads)
+      if (b.label == backend && w.name == name)
+        return &w;
+  return nullptr;
+}
+
+// Paired rounds for every workload and thread count Google Benchmark ran.
+void runPaired(const std::vector<std::string> &names, const std::vector<int> &threads) {
+  for (int t : threads)
+    for (const std::string &w : names) {
+      const Target *tg = targetFor(w);
+      const BenchWorkload *base = tg ? findWorkload(tg->baseline, w) : nullptr,
+                          *tt = findWorkload("tt", w), *notrace = findWorkload("tt-notrace", w);
+      if (!base || !tt || !notrace || !gBest.count(key(w, t, "tt")))
+        continue; // filtered out
+      setThreads(t);
+      gVerdicts[key(w, t, "")] = {pairedRatio(*base, *tt, gRounds, gRoundSeconds),
+                                  pairedRatio(*tt, *notrace, gRounds, gRoundSeconds)};
+    }
+}
+
 double geomean(const std::vector<double> &v) {
   double s = 0;
   for (double x : v)
@@ -166,36 +214,28 @@ std::vector<std::string> summarize(const std::vector<std::string> &names,
     return it == gBest.end() ? Best{NAN, NAN} : it->second;
   };
   const char *basis = gCpuBasis ? "CPU time" : "wall time";
+  std::printf("\nRatios: baseline time / tt time, median of %d paired rounds of %.0f ms a side; "
+              "times: wall ms of the fastest Google Benchmark repetition; targets judged on %s.\n",
+              gRounds, gRoundSeconds * 1e3, basis);
   if (markdown)
-    std::printf("\nTargets judged on %s.\n\n| threads | workload | baseline | baseline ms | "
-                "LibTorch ms | tt ms | "
+    std::printf("\n| threads | workload | baseline | baseline ms | LibTorch ms | tt ms | "
                 "ratio (wall) | ratio (CPU) | target | | trace-off vs no-trace (wall / CPU) |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|\n",
-                basis);
-  else
-    std::printf("\nRatios: baseline time / tt time, fastest repetition of each; times are wall ms; "
-                "targets judged "
-                "on %s\n",
-                basis);
+                "|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<double> traceWall, traceCpu;
   std::map<int, std::vector<double>> traceCpuBy; // per thread count
   for (int t : threads) {
     for (const std::string &w : names) {
-      const Target *tg = nullptr;
-      for (const Target &x : kTargets)
-        if (w.rfind(x.prefix, 0) == 0)
-          tg = &x;
-      Best base = best(key(w, t, tg ? tg->baseline : "")), torch = best(key(w, t, "libtorch")),
-           tt = best(key(w, t, "tt")), notrace = best(key(w, t, "tt-notrace"));
-      if (!tg || std::isnan(base.wall) || std::isnan(tt.wall))
+      const Target *tg = targetFor(w);
+      auto v = gVerdicts.find(key(w, t, ""));
+      if (!tg || v == gVerdicts.end())
         continue; // filtered out
-      double rWall = base.wall / tt.wall, rCpu = base.cpu / tt.cpu;
-      double trWall = tt.wall / notrace.wall, trCpu = tt.cpu / notrace.cpu;
-      if (!std::isnan(trWall)) {
-        traceWall.push_back(trWall);
-        traceCpu.push_back(trCpu);
-        traceCpuBy[t].push_back(trCpu);
-      }
+      Best base = best(key(w, t, tg->baseline)), torch = best(key(w, t, "libtorch")),
+           tt = best(key(w, t, "tt"));
+      double rWall = v->second.vsBaseline.wall, rCpu = v->second.vsBaseline.cpu;
+      double trWall = v->second.traceOff.wall, trCpu = v->second.traceOff.cpu;
+      traceWall.push_back(trWall);
+      traceCpu.push_back(trCpu);
+      traceCpuBy[t].push_back(trCpu);
       bool ok = (gCpuBasis ? rCpu : rWall) >= tg->goal;
       if (!ok)
         missed.push_back(w + " at " + std::to_string(t) + " thread(s)");
@@ -250,6 +290,10 @@ int main(int argc, char **argv) {
       gCpuBasis = true;
     else if (a == "--basis=wall")
       gCpuBasis = false;
+    else if (a.rfind("--rounds=", 0) == 0)
+      gRounds = std::max(1, std::atoi(a.c_str() + 9));
+    else if (a.rfind("--round-ms=", 0) == 0)
+      gRoundSeconds = std::max(1, std::atoi(a.c_str() + 11)) * 1e-3;
     else if (a.rfind("--threads=", 0) == 0) {
       threads.clear();
       for (const char *p = a.c_str() + 10; *p; ++p)
@@ -300,6 +344,7 @@ int main(int argc, char **argv) {
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
   benchmark::Shutdown();
+  runPaired(names, threads);
   getloadavg(loadAfter, 1);
   std::printf("\nLoad average (1 min) before / after the run: %.1f / %.1f on %ld cores\n",
               loadBefore[0], loadAfter[0], sysconf(_SC_NPROCESSORS_ONLN));

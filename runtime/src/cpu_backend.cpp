@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -675,31 +676,66 @@ template <typename A> A ipow(A b, A e) {
   }
 }
 
-// Streaming stores (Note [streaming stores] in cpu_vec.h) are used when each
-// thread's share of the output has at least this many bytes:
-// TT_CPU_STREAM_MIN_KB, else a third of the L3 that sysfs reports for CPU 0,
-// else 8 MiB. Per thread because several cores draw on the L3 faster than
-// DRAM takes streamed writes: at 2 threads a 16 MiB output is faster cached.
-std::int64_t streamMinBytes() {
-  static const std::int64_t n = [] {
+// The size of CPU 0's cache at `level` (2, 3) as sysfs reports it, or 0.
+std::int64_t cacheBytes(int level) {
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index);
+    long lvl = 0, kib = 0;
+    std::FILE *f = std::fopen((dir + "/level").c_str(), "r");
+    if (!f)
+      return 0;
+    bool ok = std::fscanf(f, "%ld", &lvl) == 1;
+    std::fclose(f);
+    if (!ok || lvl != level || !(f = std::fopen((dir + "/size").c_str(), "r")))
+      continue;
+    ok = std::fscanf(f, "%ldK", &kib) == 1;
+    std::fclose(f);
+    return ok ? static_cast<std::int64_t>(kib) << 10 : 0;
+  }
+  return 0;
+}
+
+// When streaming stores pay (Note [streaming stores] in cpu_vec.h), measured:
+// - one thread's share of the output is a third of the L3 or more: a core's
+//   own traffic to the L3, doubled by write-allocate, is the limit;
+// - or the operands do not fit in the L3 and the threads' L2s together: they
+//   go to DRAM whatever the stores, and streaming saves the write-allocate
+//   reads. Below that, several cores draw on the L3 faster than DRAM takes
+//   streamed writes (two threads: a 16 MiB column broadcast 0.65x streamed).
+// TT_CPU_STREAM_MIN_KB replaces the first bound and drops the second (0:
+// stream every fresh output); without sysfs sizes, 8 MiB and 32 MiB.
+struct StreamBounds {
+  std::int64_t minShare, l2, l3; // bytes
+};
+const StreamBounds &streamBounds() {
+  static const StreamBounds b = [] {
+    const std::int64_t l3 = cacheBytes(3), l2 = cacheBytes(2);
     if (const char *e = std::getenv("TT_CPU_STREAM_MIN_KB"))
-      return static_cast<std::int64_t>(std::strtoll(e, nullptr, 10)) << 10;
-    long kib = 0;
-    if (std::FILE *f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
-      if (std::fscanf(f, "%ldK", &kib) != 1)
-        kib = 0;
-      std::fclose(f);
-    }
-    return kib > 0 ? (static_cast<std::int64_t>(kib) << 10) / 3 : std::int64_t(8) << 20;
+      return StreamBounds{std::strtoll(e, nullptr, 10) << 10, 0, INT64_MAX / 2};
+    return l3 > 0 ? StreamBounds{l3 / 3, l2, l3} : StreamBounds{8 << 20, 0, 32 << 20};
   }();
+  return b;
+}
+
+// The bytes operand i of L touches (a broadcast operand's own size).
+std::int64_t footprint(const Loop &L, int i, std::int64_t es) {
+  std::int64_t n = es;
+  for (int d = 0; d < L.ndim; ++d)
+    if (L.strides[i][d] != 0)
+      n *= L.sizes[d];
   return n;
 }
 
 // Streaming pays only for a fresh output: an in-place one is already in the cache.
 vec::Store storeFor(const Loop &L, std::int64_t es) {
-  const bool inPlace = L.base[0] == L.base[1] || L.base[0] == L.base[2];
-  const std::int64_t share = L.numel * es / std::max(1, maxThreads());
-  return !inPlace && share >= streamMinBytes() ? vec::Store::Streaming : vec::Store::Cached;
+  if (L.base[0] == L.base[1] || L.base[0] == L.base[2])
+    return vec::Store::Cached;
+  const StreamBounds &b = streamBounds();
+  const int threads = std::max(1, maxThreads());
+  const std::int64_t out = L.numel * es;
+  const std::int64_t all = out + footprint(L, 1, es) + footprint(L, 2, es);
+  const bool stream = out / threads >= b.minShare || all > b.l3 + threads * b.l2;
+  return stream ? vec::Store::Streaming : vec::Store::Cached;
 }
 
 // Runs L through a loop of cpu_vec.h when every inner run is contiguous, or a

@@ -28,8 +28,8 @@ inline constexpr bool kHasBinary =
 // Measured on one thread (docs/benchmarks.md): a chain of two float adds
 // gains from 8 MiB outputs on a 32 MiB L3 and loses below 6 MiB, where the
 // next op would have found the output in the cache. Several threads draw on
-// the L3 faster than DRAM takes streamed writes, so the threshold (a third of
-// the L3, cpu_backend.cpp) applies to each thread's share of the output.
+// the L3 faster than DRAM takes streamed writes; storeFor in cpu_backend.cpp
+// has the bounds and why.
 // Streaming loops, where the ISA has none, fall back to the cached ones. A
 // streaming loop needs streamFence() on the same thread before another
 // thread may read what it wrote.
