@@ -98,6 +98,8 @@ static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call,
     Fixes.push_back(FixItHint::CreateReplacement(Call->getSourceRange(), SrcText));
     return Fixes;
   }
+  if (enclosingFunction(Call, Ctx) != enclosingFunction(Loop, Ctx))
+    return Fixes; // in a closure the loop runs: its captures may not reach a hoisted name
   const VarDecl *V = initialisedVar(Call, Ctx);
   const DeclStmt *DS = nullptr;
   if (V && LA.isDeclaredIn(V, Loop)) {
@@ -181,9 +183,9 @@ CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel 
   if (!Call->getMethodDecl() || !Src || !Model.isTensorExpr(Src) || !Model.isTensorExpr(Call))
     return std::nullopt;
   LoopCopy C;
-  C.Loop = LoopAnalysis::innermostLoop(Call, Ctx);
+  C.Loop = LoopAnalysis::loopRunning(Call, Ctx);
   AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
-  C.LA = C.Loop ? AM.loopsAt(Call) : nullptr;
+  C.LA = C.Loop ? AM.loopsAt(C.Loop) : nullptr;
   if (!C.LA || !C.LA->isInvariant(Src, C.Loop) ||
       !llvm::all_of(Call->arguments(), [&](const Expr *A) { return C.LA->isInvariant(A, C.Loop); }))
     return std::nullopt;

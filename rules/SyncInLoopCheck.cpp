@@ -103,16 +103,6 @@ bool leavesFunction(const Stmt *S) {
   return llvm::any_of(S->children(), [](const Stmt *C) { return leavesFunction(C); });
 }
 
-// The body of a for/while loop (a do-while ends in its condition: not here).
-const Stmt *loopBody(const Stmt *Loop) {
-  if (const auto *F = dyn_cast<ForStmt>(Loop))
-    return F->getBody();
-  if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop))
-    return RF->getBody();
-  if (const auto *W = dyn_cast<WhileStmt>(Loop))
-    return W->getBody();
-  return nullptr;
-}
 
 // "float" / "double" for those types: the dtype the device sum keeps, so that
 // it adds what the host accumulator added (float values into a double sum).
@@ -297,7 +287,8 @@ llvm::SmallVector<FixItHint, 3> accumulateFixes(const SyncSite &S, const Compoun
   if (!Acc || !T || !Block || !FD || NS.empty() || S.Sync != S.Value ||
       !llvm::is_contained(Block->body(), Loop) || countRefs(Loop, Acc) != 1 ||
       leavesFunction(Loop) || CA->getBeginLoc().isMacroID() || Loop->getBeginLoc().isMacroID() ||
-      inTemplateInstantiation(CA, Ctx) || !isa_and_nonnull<CompoundStmt>(loopBody(Loop)))
+      inTemplateInstantiation(CA, Ctx) || isa<DoStmt>(Loop) || // a do-while ends in its condition
+      !isa_and_nonnull<CompoundStmt>(loopBody(Loop)))
     return Fixes;
   std::string Name = Acc->getName().str() + "_t";
   StringRef Obj =

@@ -188,6 +188,27 @@ bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx) {
   return false;
 }
 
+void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out) {
+  if (!S || isa<LambdaExpr>(S))
+    return;
+  if (const auto *RS = dyn_cast<ReturnStmt>(S))
+    Out.push_back(RS);
+  for (const Stmt *C : S->children())
+    collectReturns(C, Out);
+}
+
+const Stmt *loopBody(const Stmt *Loop) {
+  if (const auto *F = dyn_cast<ForStmt>(Loop))
+    return F->getBody();
+  if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop))
+    return RF->getBody();
+  if (const auto *W = dyn_cast<WhileStmt>(Loop))
+    return W->getBody();
+  if (const auto *D = dyn_cast<DoStmt>(Loop))
+    return D->getBody();
+  return nullptr;
+}
+
 CharSourceRange wholeLines(SourceLocation B, SourceLocation E, const SourceManager &SM) {
   std::pair<FileID, unsigned> BI = SM.getDecomposedLoc(B), EI = SM.getDecomposedLoc(E);
   StringRef Buf = SM.getBufferData(BI.first);

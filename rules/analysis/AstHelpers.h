@@ -6,8 +6,10 @@
 #include "clang/AST/Decl.h"
 #include "clang/AST/Expr.h"
 #include "clang/AST/ExprCXX.h"
+#include "clang/AST/StmtCXX.h"
 #include "clang/Basic/SourceManager.h"
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
 
 namespace clang::tidy::tensor {
@@ -72,6 +74,12 @@ bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx);
 /// The variable the value E initialises, looking through implicit nodes
 /// (null when E is not an initialiser).
 const VarDecl *initialisedVar(const Expr *E, ASTContext &Ctx);
+
+/// The `return` statements of a body, not those of lambdas in it.
+void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out);
+
+/// The body of a for, range-for, while or do loop.
+const Stmt *loopBody(const Stmt *Loop);
 
 /// The text of a statement from Begin to its final `;` at Semi, with its
 /// whole line when it stands alone on it (for a fix-it that removes it).

@@ -80,6 +80,9 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
             ForeignVars.insert(V);
           if (V->getInit())
             Bind(V, V->getInit());
+          if (V->getInit() && !Model.isTensorType(V->getType()) &&
+              Model.mayHoldTensors(V->getType()))
+            handOver(V->getInit());
           if (V->getType()->isReferenceType() && !V->getInit())
             ForeignVars.insert(V);
         }
@@ -91,13 +94,17 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
     } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
       if (UO->getOpcode() == UO_AddrOf)
         if (const auto *D = dyn_cast<DeclRefExpr>(stripHandle(UO->getSubExpr())))
-          if (const auto *V = dyn_cast<VarDecl>(D->getDecl()))
+          if (const auto *V = dyn_cast<VarDecl>(D->getDecl())) {
             Pinned.insert(V);
+            AddressTaken.insert(V);
+          }
     } else if (const auto *L = dyn_cast<LambdaExpr>(S)) {
       for (const LambdaCapture &C : L->captures())
         if (C.capturesVariable() && C.getCaptureKind() == LCK_ByRef)
-          if (const auto *V = dyn_cast<VarDecl>(C.getCapturedVar()))
+          if (const auto *V = dyn_cast<VarDecl>(C.getCapturedVar())) {
             Pinned.insert(V);
+            RefCaptures[V].push_back(L);
+          }
     } else if (const auto *RF = dyn_cast<CXXForRangeStmt>(S)) {
       if (const VarDecl *LV = RF->getLoopVariable())
         ForeignVars.insert(LV);
@@ -110,6 +117,20 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
   for (const VarDecl *V : ForeignVars)
     if (!isCallerTensor(V) && !CallerDerived.count(V))
       Foreign.insert(root(V));
+}
+
+// The tensor variables Init names go into an object that may keep them
+// (`LBFGS opt({w}, ...)`): a call of that object's may write them.
+void LoopAnalysis::handOver(const Stmt *Init) {
+  if (!Init || isa<LambdaExpr>(Init)) // a closure: collect() reads its body
+    return;
+  if (const auto *D = dyn_cast<DeclRefExpr>(Init))
+    if (const auto *V = dyn_cast<VarDecl>(D->getDecl()); V && Model.isTensorType(V->getType())) {
+      ForeignVars.insert(V);
+      HandedOver.insert(V);
+    }
+  for (const Stmt *C : Init->children())
+    handOver(C);
 }
 
 bool LoopAnalysis::isCallerTensor(const VarDecl *V) const {
@@ -220,6 +241,8 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
   if (F && isTensorLibraryCode(F) && F->getIdentifier() && F->getName() != "move" &&
       F->getName() != "forward" && !F->getReturnType()->isReferenceType())
     return; // library functions allocate their results (torch::cat, tt::matmul...)
+  if (const FunctionDecl *Body = F ? readableCallee(F) : nullptr; Body && returnsFresh(Body))
+    return; // `gram(feat)` returning `bmm(f, f.t()) / n`
   // An unknown function may return (a view of) any tensor it was given.
   for (const Expr *A : C->arguments())
     if (Model.isTensorExpr(A) || A->getType()->isReferenceType())
@@ -256,6 +279,8 @@ bool LoopAnalysis::rootsForeign(const Expr *E) const {
   if (F && isTensorLibraryCode(F) && F->getIdentifier() && F->getName() != "move" &&
       !F->getReturnType()->isReferenceType() && !isa<CXXMethodDecl>(F))
     return false; // torch::zeros, torch::cat...
+  if (const FunctionDecl *Body = F ? readableCallee(F) : nullptr; Body && returnsFresh(Body))
+    return false;
   return true;
 }
 
@@ -285,6 +310,124 @@ const Stmt *LoopAnalysis::innermostLoop(const Stmt *S, ASTContext &Ctx) {
     Parents = Ctx.getParents(N);
   }
   return nullptr;
+}
+
+namespace {
+
+// The lambda whose body holds S (the parents of its body are its call
+// operator, then its class, then the LambdaExpr).
+const LambdaExpr *lambdaAround(const Stmt *S, ASTContext &Ctx) {
+  const auto *MD = dyn_cast_or_null<CXXMethodDecl>(enclosingFunction(S, Ctx));
+  if (!MD || !MD->getParent()->isLambda())
+    return nullptr;
+  for (DynTypedNodeList Ps = Ctx.getParents(*MD->getParent()); !Ps.empty();
+       Ps = Ctx.getParents(Ps[0]))
+    if (const auto *L = Ps[0].get<LambdaExpr>())
+      return L;
+  return nullptr;
+}
+
+// E is V, or a conversion of V (a std::function built from the closure).
+bool namesVar(const Expr *E, const VarDecl *V) {
+  E = E ? stripHandle(E) : nullptr;
+  if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E); CE && CE->getNumArgs() == 1)
+    return namesVar(CE->getArg(0), V);
+  const auto *D = dyn_cast_or_null<DeclRefExpr>(E);
+  return D && D->getDecl() == V;
+}
+
+// S calls the closure V, or hands it to a call that does not store it.
+bool runsClosure(const Stmt *S, const VarDecl *V) {
+  if (!S)
+    return false;
+  if (const auto *C = dyn_cast<CallExpr>(S)) {
+    const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+    if (OC && OC->getOperator() == OO_Call && namesVar(OC->getArg(0), V))
+      return true;
+    const FunctionDecl *F = C->getDirectCallee();
+    if (F && !(F->getIdentifier() && isStoreName(F->getName())) &&
+        llvm::any_of(C->arguments(), [&](const Expr *A) { return namesVar(A, V); }))
+      return true;
+  }
+  return llvm::any_of(S->children(), [&](const Stmt *C) { return runsClosure(C, V); });
+}
+
+// What becomes of a closure object: handed straight to a call that does not
+// keep it (or called on the spot), kept (by a storing call, or one we cannot
+// see), or named by a variable.
+enum class ClosureFate { Run, Kept, Named };
+ClosureFate fateOf(const LambdaExpr *L, ASTContext &Ctx) {
+  DynTypedNodeList Ps = Ctx.getParents(*L);
+  while (!Ps.empty() && Ps[0].get<Expr>() && !Ps[0].get<CallExpr>())
+    Ps = Ctx.getParents(Ps[0]); // casts, temporaries, a std::function's construction
+  if (const auto *C = Ps.empty() ? nullptr : Ps[0].get<CallExpr>()) {
+    const auto *F = C->getDirectCallee();
+    return F && !(F->getIdentifier() && isStoreName(F->getName())) ? ClosureFate::Run
+                                                                   : ClosureFate::Kept;
+  }
+  return initialisedVar(L, Ctx) ? ClosureFate::Named : ClosureFate::Run;
+}
+
+// The closure L is run by Loop: handed straight to a call, or held by a
+// variable that a later statement of the loop's body calls or hands to a call.
+bool runsIn(const LambdaExpr *L, const Stmt *Loop, ASTContext &Ctx) {
+  ClosureFate Fate = fateOf(L, Ctx);
+  if (Fate != ClosureFate::Named)
+    return Fate == ClosureFate::Run;
+  const VarDecl *V = initialisedVar(L, Ctx);
+  const auto *CS = dyn_cast_or_null<CompoundStmt>(loopBody(Loop));
+  bool After = false;
+  for (const Stmt *St : CS ? CS->body() : llvm::ArrayRef<Stmt *>()) {
+    if (After && runsClosure(St, V))
+      return true;
+    const auto *DS = dyn_cast<DeclStmt>(St);
+    After = After || (DS && llvm::is_contained(DS->decls(), V));
+  }
+  return false;
+}
+
+} // namespace
+
+const Stmt *LoopAnalysis::loopRunning(const Stmt *S, ASTContext &Ctx) {
+  if (const Stmt *Loop = innermostLoop(S, Ctx))
+    return Loop;
+  const LambdaExpr *L = lambdaAround(S, Ctx);
+  const Stmt *Loop = L ? innermostLoop(L, Ctx) : nullptr;
+  return Loop && runsIn(L, Loop, Ctx) ? Loop : nullptr;
+}
+
+bool LoopAnalysis::returnsFresh(const FunctionDecl *F, unsigned Depth) const {
+  if (Depth > 2 || !F->getBody() || F->getReturnType()->isReferenceType() ||
+      !Model.isTensorType(F->getReturnType()))
+    return false;
+  llvm::SmallVector<const ReturnStmt *, 4> Rs;
+  collectReturns(F->getBody(), Rs);
+  return !Rs.empty() && llvm::all_of(Rs, [&](const ReturnStmt *R) {
+    return R->getRetValue() && isFreshValue(R->getRetValue(), Depth);
+  });
+}
+
+// E is storage an op has just allocated: tensor arithmetic, a table op
+// that neither views nor may alias, a library function, a fresh TU function.
+bool LoopAnalysis::isFreshValue(const Expr *E, unsigned Depth) const {
+  E = stripHandle(E);
+  const auto *C = dyn_cast_or_null<CallExpr>(E);
+  if (!C)
+    return false;
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C))
+    return llvm::is_contained({OO_Plus, OO_Minus, OO_Star, OO_Slash}, OC->getOperator()) &&
+           Model.isTensorExpr(C);
+  if (const sem::OpInfo *Op = tensorOp(Model, C))
+    return Op->storage == sem::Storage::Copy || Op->storage == sem::Storage::Fresh ||
+           Op->storage == sem::Storage::Factory;
+  const FunctionDecl *F = C->getDirectCallee();
+  if (!F || isa<CXXMethodDecl>(F))
+    return false;
+  if (isTensorLibraryCode(F))
+    return F->getIdentifier() && F->getName() != "move" && F->getName() != "forward" &&
+           !F->getReturnType()->isReferenceType();
+  const FunctionDecl *Body = readableCallee(F);
+  return Body && returnsFresh(Body, Depth + 1);
 }
 
 bool LoopAnalysis::isDeclaredIn(const VarDecl *V, const Stmt *Loop) const {
@@ -532,7 +675,7 @@ bool LoopAnalysis::isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const 
   if (V->getType().isConstQualified() && !Model.isTensorType(V->getType()) &&
       !V->getType()->isReferenceType() && (V->hasGlobalStorage() || V->isConstexpr()))
     return true;
-  if (Pinned.count(V) || classWritten(V, F))
+  if (pinnedIn(V, Loop) || classWritten(V, F))
     return false;
   if (isDeclaredIn(V, Loop)) {
     if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop); RF && RF->getLoopVariable() == V)
@@ -542,6 +685,29 @@ bool LoopAnalysis::isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const 
   return keptOutside(V, F);
 }
 
+bool LoopAnalysis::pinnedIn(const VarDecl *V, const Stmt *Loop) const {
+  if (AddressTaken.count(V))
+    return true;
+  auto It = RefCaptures.find(V);
+  if (It == RefCaptures.end())
+    return false;
+  // A lambda in Loop: collect() reads its body with the loop's. One written
+  // after the loop runs during it only from a later iteration of a loop
+  // around both.
+  const SourceManager &SM = Ctx.getSourceManager();
+  auto Within = [&](const LambdaExpr *L, const Stmt *S) {
+    return SM.isPointWithin(L->getBeginLoc(), S->getBeginLoc(), S->getEndLoc());
+  };
+  // A closure run where it is written, and not kept, is gone by any later loop.
+  const Stmt *Outer = innermostLoop(Loop, Ctx);
+  return llvm::any_of(It->second, [&](const LambdaExpr *L) {
+    if (Within(L, Loop) || fateOf(L, Ctx) == ClosureFate::Run)
+      return false;
+    return SM.isBeforeInTranslationUnit(L->getBeginLoc(), Loop->getBeginLoc()) ||
+           (Outer && Within(L, Outer));
+  });
+}
+
 bool LoopAnalysis::keptOutside(const VarDecl *V, const LoopFacts &F) {
   if (V->hasGlobalStorage() && !V->getType().isConstQualified())
     return false;
@@ -549,7 +715,7 @@ bool LoopAnalysis::keptOutside(const VarDecl *V, const LoopFacts &F) {
   // handle aliasing a member): an opaque call (opt.step()) may write it.
   // A tensor the caller passed in is taken as the caller's data, which an
   // opaque call is not given (Note [Opaque calls] in docs/design.md).
-  bool CallerTensor = isCallerTensor(V);
+  bool CallerTensor = isCallerTensor(V) && !HandedOver.count(V);
   if (F.Opaque && !CallerTensor && (Foreign.count(root(V)) || isa<ParmVarDecl>(V)) &&
       Model.mayHoldTensors(V->getType()))
     return false;

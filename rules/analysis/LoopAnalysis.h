@@ -26,6 +26,12 @@ public:
   /// contains S, without leaving the enclosing function or lambda.
   static const Stmt *innermostLoop(const Stmt *S, ASTContext &Ctx);
 
+  /// The loop whose every iteration runs S: innermostLoop, or, for S in the
+  /// body of a lambda written in a loop and called or handed to a call there
+  /// (an optimizer's closure: `opt.step(closure)`), that loop, in the
+  /// function around the lambda. Its analysis is loopsAt(the loop).
+  static const Stmt *loopRunning(const Stmt *S, ASTContext &Ctx);
+
   /// E has the same value on every iteration of Loop.
   bool isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth = 0);
 
@@ -74,6 +80,9 @@ private:
   const VarDecl *root(const VarDecl *V);
   void unite(const VarDecl *A, const VarDecl *B);
   void callBasesOf(const CallExpr *C, llvm::SmallVectorImpl<const VarDecl *> &Out) const;
+  /// Every `return` of the TU function F hands back newly allocated storage.
+  bool returnsFresh(const FunctionDecl *F, unsigned Depth = 0) const;
+  bool isFreshValue(const Expr *E, unsigned Depth) const;
   bool rootsForeign(const Expr *E) const;
   bool isCallerTensor(const VarDecl *V) const;
   /// E's storage comes only from the caller's tensors.
@@ -98,6 +107,15 @@ private:
   llvm::DenseSet<const VarDecl *> ForeignVars;   // before roots are known
   llvm::DenseSet<const VarDecl *> CallerDerived; // handles made from the caller's tensors
   llvm::DenseSet<const VarDecl *> Pinned;        // address taken, captured by reference
+  llvm::DenseSet<const VarDecl *> AddressTaken;
+  llvm::DenseSet<const VarDecl *> HandedOver; // given to an object that may keep them
+  void handOver(const Stmt *Init);
+  // The lambdas capturing a variable by reference: they may write it wherever they run.
+  llvm::DenseMap<const VarDecl *, llvm::SmallVector<const LambdaExpr *, 2>> RefCaptures;
+  /// Whether V may change in Loop behind the analysis's back: its address is
+  /// taken, or a lambda outside Loop (whose body the loop's facts do not
+  /// cover) captures it by reference.
+  bool pinnedIn(const VarDecl *V, const Stmt *Loop) const;
   llvm::DenseMap<const Stmt *, std::unique_ptr<LoopFacts>> Loops;
 };
 

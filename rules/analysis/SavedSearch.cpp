@@ -114,14 +114,6 @@ const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const 
   return Call;
 }
 
-void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out) {
-  if (!S || isa<LambdaExpr>(S))
-    return;
-  if (const auto *RS = dyn_cast<ReturnStmt>(S))
-    Out.push_back(RS);
-  for (const Stmt *C : S->children())
-    collectReturns(C, Out);
-}
 
 // The saving op whose result every return of Call's callee gives (a function
 // of the TU with one body to read).

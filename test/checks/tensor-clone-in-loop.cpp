@@ -2,6 +2,7 @@
 // RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-clone-in-loop %t.plugin
 #include "tt/tt.h"
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,9 @@ void normalize(const Tensor &t); // may write t in place: we cannot see
 struct Optimizer {
   void step();
 };
+// An optimizer that calls a closure (LBFGS: one or more times per step).
+inline Tensor stepWith(const std::function<Tensor()> &closure) { return closure(); }
+void keepForLater(std::function<Tensor()> f);
 
 // ---- flagged ------------------------------------------------------------------
 
@@ -173,7 +177,103 @@ float inMacro(const Tensor &mask, int n) {
   return s;
 }
 
+// A closure written in the loop and run by it: its body runs every iteration.
+float inClosure(const Tensor &style, int n) {
+  float s = 0;
+  Tensor styleGram = style.mul(2);
+  for (int i = 0; i < n; ++i) {
+    auto closure = [&] {
+      auto target = styleGram.detach().clone();
+      // CHECK-MESSAGES: :[[@LINE-1]]:40: warning: 'clone' of loop-invariant 'styleGram.detach()' allocates and copies it on every iteration; it is never written: use 'styleGram.detach()' itself [tensor-clone-in-loop]
+      // CHECK-FIXES: auto target = styleGram.detach();
+      return (target * 2).sum();
+    };
+    s += use(stepWith(closure));
+  }
+  for (int i = 0; i < n; ++i)
+    s += use(stepWith([&] { return (style.clone() * 2).sum(); }));
+  // CHECK-MESSAGES: :[[@LINE-1]]:43: warning: 'clone' of loop-invariant 'style' allocates and copies it on every iteration; it is never written: use 'style' itself
+  for (int i = 0; i < n; ++i) {
+    std::function<Tensor()> f = [&style] {
+      auto w = style.clone();
+      // CHECK-MESSAGES: :[[@LINE-1]]:22: warning: 'clone' of loop-invariant 'style' allocates and copies it on every iteration; hoist one buffer out of the loop and 'copy_' into it
+      w.add_(1);
+      return w.sum();
+    };
+    s += use(f());
+  }
+  return s;
+}
+
+// What a helper of the TU returns: newly allocated storage (gramOf), which an
+// opaque call cannot reach, or a view of its argument (flatOf), which it may.
+Tensor gramOf(const Tensor &f) { return tt::matmul(f, f.t()) / 4; }
+Tensor flatOf(const Tensor &f) { return f.view({-1}); }
+float freshFromHelper(std::vector<Tensor> &params, Optimizer &opt, int n) {
+  Tensor target = gramOf(params[0]);
+  Tensor flat = flatOf(params[0]);
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    s += use(target.clone());
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'clone' of loop-invariant 'target' allocates and copies it on every iteration; it is never written: use 'target' itself
+    s += use(flat.clone());                 // a view of the caller's parameter: opt.step() may write it
+    opt.step();
+  }
+  return s;
+}
+
 // ---- not flagged ----------------------------------------------------------------
+
+// A tensor handed to an object that may keep it (an optimizer built from it):
+// a non-const call of that object may write it, even a caller's tensor.
+struct Holder {
+  explicit Holder(std::vector<Tensor> ts) : held(std::move(ts)) {}
+  void step();
+  std::vector<Tensor> held;
+};
+float handedOver(Tensor w, int n) {
+  Holder h({w});
+  float s = 0;
+  for (int i = 0; i < n; ++i) {
+    auto before = w.clone();                // a snapshot: h.step() may move w
+    h.step();
+    s += use(w - before);
+  }
+  return s;
+}
+
+// Closures the loop does not run, or whose copy differs between runs.
+float closureNegatives(Tensor x, const Tensor &mask, int n) {
+  float s = 0;
+  std::vector<std::function<Tensor()>> later;
+  for (int i = 0; i < n; ++i)
+    later.push_back([&] { return (mask.clone() * 2).sum(); }); // stored, run later
+  for (int i = 0; i < n; ++i)
+    keepForLater([&] { return (mask.clone() * 2).sum(); });    // kept by a callee
+  for (int i = 0; i < n; ++i) {
+    auto unused = [&] { return (mask.clone() * 2).sum(); };    // never run
+  }
+  for (int i = 0; i < n; ++i) {
+    auto closure = [&] {
+      x.add_(1);                                               // the closure writes x
+      return (x.clone() * 2).sum();
+    };
+    s += use(stepWith(closure));
+  }
+  for (int i = 0; i < n; ++i) {
+    auto scaled = [&](const Tensor &t) { return (t.clone() * 2).sum(); }; // a new t each call
+    s += use(scaled(mask * i));
+  }
+  for (int i = 0; i < n; ++i) {
+    auto named = [&] { return (mask.clone() * 2).sum(); };     // named, then only stored
+    later.push_back(named);
+  }
+  auto outside = [&] { return (mask.clone() * 2).sum(); }; // written before the loop
+  for (int i = 0; i < n; ++i)
+    s += use(outside());
+  return s;
+}
+
 
 struct Fake {
   Fake clone() const;
@@ -213,9 +313,9 @@ Tensor negatives(Tensor x, const Tensor &mask, std::vector<Tensor> &kept, Optimi
     normalize(mask);
   }
   for (int i = 0; i < n; ++i) {
-    auto w = x.clone();                     // x is a parameter: opt.step() may write it
+    auto w = kept[0].clone();               // the caller's container: opt.step() may write it
     opt.step();
-    s += use(x - w);
+    s += use(kept[0] - w);
   }
   auto g = [&] { x.add_(1); };
   for (int i = 0; i < n; ++i) {
