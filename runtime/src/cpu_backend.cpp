@@ -979,15 +979,19 @@ Partial<R> reduceRange(ReduceOp op, const T *base, const RedDims &rd, std::int64
   return acc;
 }
 
-void cpuReduce(ReduceOp op, const TensorDesc &out, const TensorDesc &in,
-               const TensorDesc *indices) {
-  // Kept dims index the output; reduced dims are walked for each output.
+// The loop nest of a reduction: kept dims index the outputs, the reduced
+// dims (coalesced) are walked for each output.
+struct ReducePlan {
   std::vector<int> kept;
   RedDims rd;
   std::int64_t nout = 1, nred = 1;
+};
+ReducePlan planReduce(const TensorDesc &out, const TensorDesc &in) {
+  ReducePlan P;
+  RedDims &rd = P.rd;
   for (int d = 0; d < in.ndim; ++d) {
     if (out.sizes[d] != in.sizes[d]) {
-      nred *= in.sizes[d];
+      P.nred *= in.sizes[d];
       if (rd.n > 0 && rd.strides[rd.n - 1] == in.strides[d] * in.sizes[d]) {
         rd.sizes[rd.n - 1] *= in.sizes[d];
         rd.strides[rd.n - 1] = in.strides[d];
@@ -997,8 +1001,8 @@ void cpuReduce(ReduceOp op, const TensorDesc &out, const TensorDesc &in,
         ++rd.n;
       }
     } else if (in.sizes[d] != 1) {
-      kept.push_back(d);
-      nout *= in.sizes[d];
+      P.kept.push_back(d);
+      P.nout *= in.sizes[d];
     }
   }
   if (rd.n == 0) { // nothing reduced: a 1-element reduced space
@@ -1006,120 +1010,153 @@ void cpuReduce(ReduceOp op, const TensorDesc &out, const TensorDesc &in,
     rd.strides[0] = 0;
     rd.n = 1;
   }
-  const int ke = static_cast<int>(kept.size());
+  return P;
+}
+
+// Runs f(c) for c in [0, chunks) on `chunks` threads.
+template <typename F> void parallelChunks(int chunks, F f) {
+  if (chunks <= 1) {
+    f(0);
+    return;
+  }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(chunks) schedule(static)
+#endif
+  for (int c = 0; c < chunks; ++c)
+    f(c);
+}
+
+// One reduction on dtype T (accumulating in R): three ways to split it.
+template <typename T, typename R> class Reducer {
+public:
+  Reducer(ReduceOp op, const TensorDesc &out, const TensorDesc &in, const TensorDesc *indices,
+          const ReducePlan &P)
+      : op_(op), out_(out), in_(in), indices_(indices), P_(P),
+        src_(static_cast<const T *>(in.data)) {}
+
+  void run() {
+    const int nt = maxThreads();
+    const std::int64_t nout = P_.nout, nred = P_.nred;
+    if (op_ == ReduceOp::Sum && !P_.kept.empty() && in_.strides[P_.kept.back()] == 1 &&
+        P_.rd.strides[P_.rd.n - 1] != 1)
+      sumRows(nout * nred >= 2 * kGrain ? nt : 1);
+    else if (nout < nt && nred >= 2 * kGrain && nt > 1)
+      splitEachReduction(nt);
+    else
+      perOutput(nout * nred >= 2 * kGrain && nout > 1 && nt > 1
+                    ? static_cast<int>(std::min<std::int64_t>(nt, nout))
+                    : 1);
+  }
+
+private:
+  // Where output o's reduction starts in the input.
+  const T *inBase(std::int64_t o) const {
+    std::int64_t off = 0, rem = o;
+    for (int k = static_cast<int>(P_.kept.size()) - 1; k >= 0; --k) {
+      int d = P_.kept[k];
+      off += (rem % in_.sizes[d]) * in_.strides[d];
+      rem /= in_.sizes[d];
+    }
+    return src_ + off;
+  }
+
+  // Writes output o (and its index, for max/min with indices and arg ops).
+  void store1(std::int64_t o, const Partial<R> &acc) const {
+    std::int64_t outOff = 0, idxOff = 0, rem = o;
+    for (int k = static_cast<int>(P_.kept.size()) - 1; k >= 0; --k) {
+      int d = P_.kept[k];
+      std::int64_t i = rem % in_.sizes[d];
+      rem /= in_.sizes[d];
+      outOff += i * out_.strides[d];
+      if (indices_)
+        idxOff += i * indices_->strides[d];
+    }
+    if (op_ == ReduceOp::ArgMax || op_ == ReduceOp::ArgMin) {
+      static_cast<std::int64_t *>(out_.data)[outOff] = std::max<std::int64_t>(acc.best, 0);
+      return;
+    }
+    static_cast<T *>(out_.data)[outOff] = store<T>(static_cast<acc_t<T>>(acc.v));
+    if (indices_)
+      static_cast<std::int64_t *>(indices_->data)[idxOff] = std::max<std::int64_t>(acc.best, 0);
+  }
+
+  // Sum over outer dims of rows contiguous in the innermost kept dim: whole
+  // rows are added into a row of accumulators (contiguous, vectorised)
+  // instead of walking each output's column. Split by rows, or by columns
+  // when there are fewer rows than threads.
+  void sumRows(int chunks) const {
+    const std::int64_t width = in_.sizes[P_.kept.back()], nrow = P_.nout / width;
+    if (chunks <= 1 || nrow >= chunks)
+      parallelChunks(chunks,
+                     [&](int c) { rows(nrow * c / chunks, nrow * (c + 1) / chunks, 0, width); });
+    else
+      parallelChunks(chunks,
+                     [&](int c) { rows(0, nrow, width * c / chunks, width * (c + 1) / chunks); });
+  }
+  void rows(std::int64_t rb, std::int64_t re, std::int64_t jb, std::int64_t je) const {
+    const RedDims &rd = P_.rd;
+    const std::int64_t width = in_.sizes[P_.kept.back()];
+    std::vector<R> acc(static_cast<std::size_t>(je - jb));
+    for (std::int64_t row = rb; row < re; ++row) {
+      std::fill(acc.begin(), acc.end(), R(0));
+      const T *base = inBase(row * width) + jb;
+      std::int64_t idx[kMaxDims] = {}, off = 0;
+      for (std::int64_t r = 0; r < P_.nred; ++r) {
+        const T *p = base + off;
+        for (std::int64_t j = 0; j < je - jb; ++j)
+          acc[j] += static_cast<R>(static_cast<acc_t<T>>(p[j]));
+        for (int d = rd.n - 1; d >= 0; --d) {
+          off += rd.strides[d];
+          if (++idx[d] < rd.sizes[d])
+            break;
+          off -= idx[d] * rd.strides[d];
+          idx[d] = 0;
+        }
+      }
+      for (std::int64_t j = jb; j < je; ++j) {
+        Partial<R> part;
+        part.v = acc[j - jb];
+        store1(row * width + j, part);
+      }
+    }
+  }
+
+  // The common case: each thread reduces whole outputs.
+  void perOutput(int chunks) const {
+    parallelChunks(chunks, [&](int c) {
+      for (std::int64_t o = P_.nout * c / chunks; o < P_.nout * (c + 1) / chunks; ++o)
+        store1(o, reduceRange<T, R>(op_, inBase(o), P_.rd, 0, P_.nred));
+    });
+  }
+
+  // Few outputs, long reductions: each reduction split across the threads.
+  void splitEachReduction(int nt) const {
+    for (std::int64_t o = 0; o < P_.nout; ++o) {
+      std::vector<Partial<R>> parts(static_cast<std::size_t>(nt));
+      const T *base = inBase(o);
+      parallelChunks(nt, [&](int c) {
+        parts[c] = reduceRange<T, R>(op_, base, P_.rd, P_.nred * c / nt, P_.nred * (c + 1) / nt);
+      });
+      Partial<R> acc = parts[0];
+      for (int c = 1; c < nt; ++c)
+        combine(op_, acc, parts[c]);
+      store1(o, acc);
+    }
+  }
+
+  ReduceOp op_;
+  const TensorDesc &out_, &in_;
+  const TensorDesc *indices_;
+  const ReducePlan &P_;
+  const T *src_;
+};
+
+void cpuReduce(ReduceOp op, const TensorDesc &out, const TensorDesc &in,
+               const TensorDesc *indices) {
+  const ReducePlan P = planReduce(out, in);
   dispatch(in.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using R = typename RAcc<T>::type;
-    const T *src = static_cast<const T *>(in.data);
-    auto store1 = [&](std::int64_t o, const Partial<R> &acc) {
-      std::int64_t outOff = 0, idxOff = 0, inOff = 0, rem = o;
-      (void)inOff;
-      for (int k = ke - 1; k >= 0; --k) {
-        int d = kept[k];
-        std::int64_t i = rem % in.sizes[d];
-        rem /= in.sizes[d];
-        outOff += i * out.strides[d];
-        if (indices)
-          idxOff += i * indices->strides[d];
-      }
-      if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
-        static_cast<std::int64_t *>(out.data)[outOff] = std::max<std::int64_t>(acc.best, 0);
-      } else {
-        static_cast<T *>(out.data)[outOff] = store<T>(static_cast<acc_t<T>>(acc.v));
-        if (indices)
-          static_cast<std::int64_t *>(indices->data)[idxOff] = std::max<std::int64_t>(acc.best, 0);
-      }
-    };
-    auto inBase = [&](std::int64_t o) {
-      std::int64_t off = 0, rem = o;
-      for (int k = ke - 1; k >= 0; --k) {
-        int d = kept[k];
-        off += (rem % in.sizes[d]) * in.strides[d];
-        rem /= in.sizes[d];
-      }
-      return src + off;
-    };
-    int nt = maxThreads();
-    // Sum over outer dims of rows that are contiguous in the innermost kept
-    // dim: add whole rows into a row of accumulators (contiguous, vectorised)
-    // instead of walking each output's column.
-    if (op == ReduceOp::Sum && ke > 0 && in.strides[kept.back()] == 1 &&
-        rd.strides[rd.n - 1] != 1) {
-      const std::int64_t width = in.sizes[kept.back()], nrow = nout / width;
-      auto rows = [&](std::int64_t rb, std::int64_t re, std::int64_t jb, std::int64_t je) {
-        std::vector<R> acc(static_cast<std::size_t>(je - jb));
-        for (std::int64_t row = rb; row < re; ++row) {
-          std::fill(acc.begin(), acc.end(), R(0));
-          const T *base = inBase(row * width) + jb;
-          std::int64_t idx[kMaxDims] = {}, off = 0;
-          for (std::int64_t r = 0; r < nred; ++r) {
-            const T *p = base + off;
-            for (std::int64_t j = 0; j < je - jb; ++j)
-              acc[j] += static_cast<R>(static_cast<acc_t<T>>(p[j]));
-            for (int d = rd.n - 1; d >= 0; --d) {
-              off += rd.strides[d];
-              if (++idx[d] < rd.sizes[d])
-                break;
-              off -= idx[d] * rd.strides[d];
-              idx[d] = 0;
-            }
-          }
-          for (std::int64_t j = jb; j < je; ++j) {
-            Partial<R> part;
-            part.v = acc[j - jb];
-            store1(row * width + j, part);
-          }
-        }
-      };
-      int chunks = nout * nred >= 2 * kGrain ? nt : 1;
-      if (chunks <= 1) {
-        rows(0, nrow, 0, width);
-      } else if (nrow >= chunks) {
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(chunks) schedule(static)
-#endif
-        for (int c = 0; c < chunks; ++c)
-          rows(nrow * c / chunks, nrow * (c + 1) / chunks, 0, width);
-      } else {
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(chunks) schedule(static)
-#endif
-        for (int c = 0; c < chunks; ++c)
-          rows(0, nrow, width * c / chunks, width * (c + 1) / chunks);
-      }
-      return;
-    }
-    if (nout < nt && nred >= 2 * kGrain && nt > 1) {
-      // Few outputs, long reductions: split each reduction across threads.
-      for (std::int64_t o = 0; o < nout; ++o) {
-        std::vector<Partial<R>> parts(static_cast<std::size_t>(nt));
-        const T *base = inBase(o);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static)
-#endif
-        for (int c = 0; c < nt; ++c)
-          parts[c] = reduceRange<T, R>(op, base, rd, nred * c / nt, nred * (c + 1) / nt);
-        Partial<R> acc = parts[0];
-        for (int c = 1; c < nt; ++c)
-          combine(op, acc, parts[c]);
-        store1(o, acc);
-      }
-      return;
-    }
-    auto body = [&](std::int64_t ob, std::int64_t oe) {
-      for (std::int64_t o = ob; o < oe; ++o)
-        store1(o, reduceRange<T, R>(op, inBase(o), rd, 0, nred));
-    };
-    if (nout * nred >= 2 * kGrain && nout > 1 && nt > 1) {
-      int chunks = static_cast<int>(std::min<std::int64_t>(nt, nout));
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(chunks) schedule(static)
-#endif
-      for (int c = 0; c < chunks; ++c)
-        body(nout * c / chunks, nout * (c + 1) / chunks);
-    } else {
-      body(0, nout);
-    }
+    Reducer<T, typename RAcc<T>::type>(op, out, in, indices, P).run();
   });
 }
 
