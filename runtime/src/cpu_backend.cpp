@@ -357,15 +357,17 @@ BlockCache &blockCache() {
 
 // Note [huge pages for large blocks]: a block of 2 MiB or more starts on a
 // 2 MiB boundary and asks for transparent huge pages (LibTorch 2.x does the
-// same under THP_MEM_ALLOC_ENABLE). Elementwise ops on tensors near the L3
-// size ran 5-15% slower on 4 KiB pages, and their speed varied with where the
-// kernel happened to place the pages.
+// same under THP_MEM_ALLOC_ENABLE): fewer TLB misses. In paired runs
+// against memcpy, clones of 4 and 256 MiB gained 3-10%; the elementwise ops
+// showed no difference beyond the noise.
 constexpr std::size_t kHugePage = std::size_t(2) << 20;
 void *alignedBlock(std::size_t rounded) {
   const bool huge = rounded >= kHugePage;
-  void *p = std::aligned_alloc(huge ? kHugePage : 64,
-                               huge ? (rounded + kHugePage - 1) / kHugePage * kHugePage : rounded);
-  if (!p)
+  // posix_memalign, not aligned_alloc: the size need not be a multiple of
+  // the alignment, so a block just over 2 MiB does not take 4 (its tail
+  // stays on 4 KiB pages).
+  void *p = nullptr;
+  if (posix_memalign(&p, huge ? kHugePage : 64, rounded) != 0)
     throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE
   if (huge)
