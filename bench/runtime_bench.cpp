@@ -273,81 +273,90 @@ std::vector<std::string> summarize(const std::vector<std::string> &names,
   return missed;
 }
 
-} // namespace
-
-int main(int argc, char **argv) {
+// The options runtime_bench reads itself; the rest go to Google Benchmark.
+struct Options {
   int reps = 3;
   bool markdown = false;
   std::vector<int> threads = {1, 2};
-  std::vector<char *> args;
+  std::vector<char *> benchmarkArgs;
+};
+Options parseOptions(int argc, char **argv) {
+  Options o;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--reps=", 0) == 0)
-      reps = std::max(1, std::atoi(a.c_str() + 7));
+      o.reps = std::max(1, std::atoi(a.c_str() + 7));
     else if (a == "--markdown")
-      markdown = true;
-    else if (a == "--basis=cpu")
-      gCpuBasis = true;
-    else if (a == "--basis=wall")
-      gCpuBasis = false;
+      o.markdown = true;
+    else if (a == "--basis=cpu" || a == "--basis=wall")
+      gCpuBasis = a == "--basis=cpu";
     else if (a.rfind("--rounds=", 0) == 0)
       gRounds = std::max(1, std::atoi(a.c_str() + 9));
     else if (a.rfind("--round-ms=", 0) == 0)
       gRoundSeconds = std::max(1, std::atoi(a.c_str() + 11)) * 1e-3;
     else if (a.rfind("--threads=", 0) == 0) {
-      threads.clear();
+      o.threads.clear();
       for (const char *p = a.c_str() + 10; *p; ++p)
         if (*p >= '1' && *p <= '9')
-          threads.push_back(*p - '0');
+          o.threads.push_back(*p - '0');
     } else
-      args.push_back(argv[i]);
+      o.benchmarkArgs.push_back(argv[i]);
   }
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
+  return o;
+}
 
-  gBackends.push_back(load("libtorch", BENCH_PLUGIN_TORCH));
-  gBackends.push_back(load("tt", BENCH_PLUGIN_TT));
-  gBackends.push_back(load("tt-notrace", BENCH_PLUGIN_TT_NOTRACE));
-
-  std::vector<std::string> names;
-  for (const BenchWorkload &w : gBackends[0].workloads)
-    names.push_back(w.name);
-  for (int t : threads) {
+// One Google Benchmark per workload, thread count and side (memcpy, each plugin).
+void registerAll(const std::vector<std::string> &names, const Options &o) {
+  for (int t : o.threads)
     for (std::size_t i = 0; i < names.size(); ++i) {
       std::vector<std::pair<std::string, BenchWorkload>> variants;
       if (auto m = kMemcpy.find(names[i]); m != kMemcpy.end())
         variants.emplace_back("memcpy", m->second);
       for (const Backend &b : gBackends)
         variants.emplace_back(b.label, b.workloads.at(i));
-      for (const auto &[label, w] : variants) {
-        benchmark::RegisterBenchmark(
-            key(names[i], t, label).c_str(),
-            [w = w, t](benchmark::State &s) {
-              setThreads(t);
-              void *state = w.setup();
-              w.run(state); // untimed: steady state (pages mapped, caches, pools)
-              for (auto _ : s)
-                w.run(state);
-              w.teardown(state);
-              s.SetBytesProcessed(static_cast<std::int64_t>(w.bytes) * s.iterations());
-            })
+      for (const auto &[label, w] : variants)
+        benchmark::RegisterBenchmark(key(names[i], t, label).c_str(),
+                                     [w = w, t](benchmark::State &s) {
+                                       setThreads(t);
+                                       void *state = w.setup();
+                                       w.run(state); // untimed: steady state (pages, pools)
+                                       for (auto _ : s)
+                                         w.run(state);
+                                       w.teardown(state);
+                                       s.SetBytesProcessed(static_cast<std::int64_t>(w.bytes) *
+                                                           s.iterations());
+                                     })
             ->UseRealTime()
             ->MeasureProcessCPUTime()
             ->Unit(benchmark::kMillisecond)
-            ->Repetitions(reps)
+            ->Repetitions(o.reps)
             ->ReportAggregatesOnly(false);
-      }
     }
-  }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Options o = parseOptions(argc, argv);
+  int n = static_cast<int>(o.benchmarkArgs.size());
+  benchmark::Initialize(&n, o.benchmarkArgs.data());
+  gBackends.push_back(load("libtorch", BENCH_PLUGIN_TORCH));
+  gBackends.push_back(load("tt", BENCH_PLUGIN_TT));
+  gBackends.push_back(load("tt-notrace", BENCH_PLUGIN_TT_NOTRACE));
+  std::vector<std::string> names;
+  for (const BenchWorkload &w : gBackends[0].workloads)
+    names.push_back(w.name);
+  registerAll(names, o);
+
   double loadBefore[1] = {0}, loadAfter[1] = {0};
   getloadavg(loadBefore, 1);
   Collector collector;
   benchmark::RunSpecifiedBenchmarks(&collector);
   benchmark::Shutdown();
-  runPaired(names, threads);
+  runPaired(names, o.threads);
   getloadavg(loadAfter, 1);
   std::printf("\nLoad average (1 min) before / after the run: %.1f / %.1f on %ld cores\n",
               loadBefore[0], loadAfter[0], sysconf(_SC_NPROCESSORS_ONLN));
   // Exit status 1 when a target is missed (2: bad setup, above).
-  return summarize(names, threads, markdown).empty() ? 0 : 1;
+  return summarize(names, o.threads, o.markdown).empty() ? 0 : 1;
 }
