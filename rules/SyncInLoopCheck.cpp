@@ -1,5 +1,7 @@
 #include "SyncInLoopCheck.h"
 
+#include <tuple>
+
 #include "analysis/Finding.h"
 
 #include "clang/AST/ExprCXX.h"
@@ -40,8 +42,17 @@ const Stmt *enclosingStmt(const Stmt *S, ASTContext &Ctx) {
 
 // The call runs only on some iterations, or its value steers the loop: an
 // if/switch/?:/&&/|| between it and the loop, or the loop's own condition.
+// In a closure the loop runs (Note [Closures run by a loop]), the walk goes
+// on from the lambda once it leaves the lambda's body.
 bool underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
-  for (const Stmt *Cur = S, *P = enclosingStmt(S, Ctx); P; Cur = P, P = enclosingStmt(P, Ctx)) {
+  const LambdaExpr *Closure = enclosingFunction(S, Ctx) != enclosingFunction(Loop, Ctx)
+                                  ? LoopAnalysis::closureAround(S, Ctx)
+                                  : nullptr;
+  for (const Stmt *Cur = S, *P = enclosingStmt(S, Ctx);; Cur = P, P = enclosingStmt(P, Ctx)) {
+    if (!P && Closure)
+      std::tie(Cur, P, Closure) = std::make_tuple(Closure, enclosingStmt(Closure, Ctx), nullptr);
+    if (!P)
+      return true;
     if (P == Loop) {
       if (const auto *F = dyn_cast<ForStmt>(Loop))
         return Cur == F->getCond();
@@ -56,7 +67,6 @@ bool underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
     if (const auto *BO = dyn_cast<BinaryOperator>(P); BO && BO->isLogicalOp())
       return true;
   }
-  return true;
 }
 
 bool isOstream(QualType T) {
@@ -102,7 +112,6 @@ bool leavesFunction(const Stmt *S) {
     return true;
   return llvm::any_of(S->children(), [](const Stmt *C) { return leavesFunction(C); });
 }
-
 
 // "float" / "double" for those types: the dtype the device sum keeps, so that
 // it adds what the host accumulator added (float values into a double sum).
@@ -318,7 +327,7 @@ llvm::SmallVector<FixItHint, 3> accumulateFixes(const SyncSite &S, const Compoun
 void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *Call = Result.Nodes.getNodeAs<CXXMemberCallExpr>("sync");
   ASTContext &Ctx = *Result.Context;
-  const Stmt *Loop = Call ? LoopAnalysis::innermostLoop(Call, Ctx) : nullptr;
+  const Stmt *Loop = Call ? LoopAnalysis::loopRunning(Call, Ctx) : nullptr;
   DeviceFacts *DF = Loop ? AnalysisManager::get(Model, Ctx).devicesAt(Call) : nullptr;
   if (!DF || !Call->getMethodDecl() || underCondition(Call, Loop, Ctx))
     return;
@@ -336,8 +345,10 @@ void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
                           ? (Named ? "CUDA tensor '" + Obj.str() + "'" : "a CUDA tensor")
                           : (Named ? "'" + Obj.str() + "'" : "a tensor") +
                                 " (on CUDA whenever cuda::is_available())";
-  auto Fixes = K.What == Sink::Accumulate ? accumulateFixes(*S, K.Accum, Loop, Ctx)
-                                          : llvm::SmallVector<FixItHint, 3>();
+  // In a closure, a hoisted accumulator may not be among its captures: no fix-it.
+  const bool InClosure = enclosingFunction(Call, Ctx) != enclosingFunction(Loop, Ctx);
+  auto Fixes = K.What == Sink::Accumulate && !InClosure ? accumulateFixes(*S, K.Accum, Loop, Ctx)
+                                                        : llvm::SmallVector<FixItHint, 3>();
   std::string Msg =
       "'" + Call->getMethodDecl()->getName().str() + "' of " + Where +
       " copies it to the host and waits for the GPU on every iteration, only to " +

@@ -388,6 +388,10 @@ bool runsIn(const LambdaExpr *L, const Stmt *Loop, ASTContext &Ctx) {
 
 } // namespace
 
+const LambdaExpr *LoopAnalysis::closureAround(const Stmt *S, ASTContext &Ctx) {
+  return lambdaAround(S, Ctx);
+}
+
 const Stmt *LoopAnalysis::loopRunning(const Stmt *S, ASTContext &Ctx) {
   if (const Stmt *Loop = innermostLoop(S, Ctx))
     return Loop;

@@ -32,6 +32,9 @@ public:
   /// function around the lambda. Its analysis is loopsAt(the loop).
   static const Stmt *loopRunning(const Stmt *S, ASTContext &Ctx);
 
+  /// The lambda whose body holds S (null outside any).
+  static const LambdaExpr *closureAround(const Stmt *S, ASTContext &Ctx);
+
   /// E has the same value on every iteration of Loop.
   bool isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth = 0);
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -215,7 +216,64 @@ double subtracted(const std::vector<Tensor> &xs) {
   return s;
 }
 
+// A closure the loop writes and runs (an LBFGS-style optimizer calls it at
+// least once per step): its syncs are in the loop. No fix-it: a hoisted
+// accumulator may not be among the closure's captures.
+inline Tensor stepWith(const std::function<Tensor()> &closure) { return closure(); }
+double inClosure(const Tensor &x, int n) {
+  tt::Device device(tt::kCUDA);
+  Tensor w = tt::ones({4}, tt::TensorOptions().device(device));
+  double total = 0;
+  for (int i = 0; i < n; ++i) {
+    auto closure = [&] {
+      auto loss = (x.to(device) * w).sum();
+      total += loss.item<double>();
+      // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'item' of CUDA tensor 'loss' copies it to the host and waits for the GPU on every iteration, only to add the value up; accumulate on the device ('sum_t = sum_t + loss.detach()') and read the sum once after the loop [tensor-sync-in-loop]
+      // CHECK-FIXES: total += loss.item<double>();
+      return loss;
+    };
+    stepWith(closure);
+  }
+  for (int i = 0; i < n; ++i)
+    stepWith([&] {
+      auto loss = (x.to(device) * w).sum();
+      std::cout << loss.item<double>() << "\n";
+      // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: 'item' of CUDA tensor 'loss' copies it to the host and waits for the GPU on every iteration, only to log it
+      return loss;
+    });
+  return total;
+}
+
+double insideLambda(const std::vector<Tensor> &xs) {
+  double s = 0;
+  for (const auto &x : xs) {
+    auto add = [&] { s += x.cuda().sum().item<double>(); }; // called below, every iteration
+    // CHECK-MESSAGES: :[[@LINE-1]]:42: warning: 'item' of CUDA tensor 'x.cuda().sum()' copies it to the host and waits for the GPU on every iteration, only to add the value up
+    add();
+  }
+  return s;
+}
+
 // ---- not flagged ----------------------------------------------------------------
+
+double closureNegatives(const Tensor &x, int n, std::vector<std::function<double()>> &later) {
+  tt::Device device(tt::kCUDA);
+  Tensor w = tt::ones({4}, tt::TensorOptions().device(device));
+  double total = 0;
+  for (int i = 0; i < n; ++i)
+    stepWith([&] {
+      auto loss = (x.to(device) * w).sum();
+      if (i % 10 == 0)
+        std::cout << loss.item<double>() << "\n"; // every tenth step only
+      return loss;
+    });
+  for (int i = 0; i < n; ++i)
+    later.push_back([&] { return (x.to(device) * w).sum().item<double>(); }); // kept, run later
+  auto report = [&] { total += (x.to(device) * w).sum().item<double>(); };   // written before the loop
+  for (int i = 0; i < n; ++i)
+    report();
+  return total;
+}
 
 void everyHundred(const std::vector<Tensor> &xs) {
   tt::Device device(tt::kCUDA);
@@ -323,15 +381,6 @@ double bestSoFar(const std::vector<Tensor> &xs) {
       best = v;
   }
   return best;
-}
-
-double insideLambda(const std::vector<Tensor> &xs) {
-  double s = 0;
-  for (const auto &x : xs) {
-    auto add = [&] { s += x.cuda().sum().item<double>(); }; // runs when called
-    add();
-  }
-  return s;
 }
 
 void histogram(const std::vector<Tensor> &xs, std::vector<int> &hist) {

@@ -2,6 +2,7 @@
 // or more times per step; a second pass logs every step with a closure kept for later.
 #include <torch/torch.h>
 #include <functional>
+#include <iostream>
 #include <vector>
 
 torch::Tensor features(const torch::Tensor &x) {
@@ -45,4 +46,23 @@ torch::Tensor refine(torch::Tensor w, const torch::Tensor &x, int rounds) {
     moved = moved + (w.detach() - before).abs().sum();
   }
   return moved;
+}
+
+// On the GPU when there is one, printing the loss of every closure evaluation.
+torch::Tensor fit_verbose(const torch::Tensor &x, const torch::Tensor &y, int epochs) {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  auto w = torch::zeros({x.size(1), 1}, torch::TensorOptions().device(device).requires_grad(true));
+  torch::optim::LBFGS opt({w}, torch::optim::LBFGSOptions(0.5));
+  for (int e = 0; e < epochs; ++e) {
+    opt.step([&] {
+      opt.zero_grad();
+      auto loss = torch::mse_loss(x.to(device).matmul(w), y.to(device)); // EXPECT: tensor-clone-in-loop
+      loss.backward();
+      std::cout << "loss " << loss.item<double>() << "\n"; // EXPECT: tensor-sync-in-loop
+      return loss;
+    });
+    if (e % 10 == 0)
+      std::cout << "epoch " << e << " |w| " << w.norm().item<double>() << "\n"; // LOOKALIKE: tensor-sync-in-loop -- every tenth epoch
+  }
+  return w.detach();
 }
