@@ -98,7 +98,7 @@ static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call,
     Fixes.push_back(FixItHint::CreateReplacement(Call->getSourceRange(), SrcText));
     return Fixes;
   }
-  if (enclosingFunction(Call, Ctx) != enclosingFunction(Loop, Ctx))
+  if (LoopAnalysis::inClosure(Call, Loop, Ctx))
     return Fixes; // in a closure the loop runs: its captures may not reach a hoisted name
   const VarDecl *V = initialisedVar(Call, Ctx);
   const DeclStmt *DS = nullptr;

@@ -1,7 +1,5 @@
 #include "SyncInLoopCheck.h"
 
-#include <tuple>
-
 #include "analysis/Finding.h"
 
 #include "clang/AST/ExprCXX.h"
@@ -45,12 +43,14 @@ const Stmt *enclosingStmt(const Stmt *S, ASTContext &Ctx) {
 // In a closure the loop runs (Note [Closures run by a loop]), the walk goes
 // on from the lambda once it leaves the lambda's body.
 bool underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
-  const LambdaExpr *Closure = enclosingFunction(S, Ctx) != enclosingFunction(Loop, Ctx)
-                                  ? LoopAnalysis::closureAround(S, Ctx)
-                                  : nullptr;
+  const LambdaExpr *Closure =
+      LoopAnalysis::inClosure(S, Loop, Ctx) ? lambdaAround(S, Ctx) : nullptr;
   for (const Stmt *Cur = S, *P = enclosingStmt(S, Ctx);; Cur = P, P = enclosingStmt(P, Ctx)) {
-    if (!P && Closure)
-      std::tie(Cur, P, Closure) = std::make_tuple(Closure, enclosingStmt(Closure, Ctx), nullptr);
+    if (!P && Closure) { // out of the closure's body: on from the lambda
+      Cur = Closure;
+      P = enclosingStmt(Closure, Ctx);
+      Closure = nullptr;
+    }
     if (!P)
       return true;
     if (P == Loop) {
@@ -346,9 +346,9 @@ void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
                           : (Named ? "'" + Obj.str() + "'" : "a tensor") +
                                 " (on CUDA whenever cuda::is_available())";
   // In a closure, a hoisted accumulator may not be among its captures: no fix-it.
-  const bool InClosure = enclosingFunction(Call, Ctx) != enclosingFunction(Loop, Ctx);
-  auto Fixes = K.What == Sink::Accumulate && !InClosure ? accumulateFixes(*S, K.Accum, Loop, Ctx)
-                                                        : llvm::SmallVector<FixItHint, 3>();
+  auto Fixes = K.What == Sink::Accumulate && !LoopAnalysis::inClosure(Call, Loop, Ctx)
+                   ? accumulateFixes(*S, K.Accum, Loop, Ctx)
+                   : llvm::SmallVector<FixItHint, 3>();
   std::string Msg =
       "'" + Call->getMethodDecl()->getName().str() + "' of " + Where +
       " copies it to the host and waits for the GPU on every iteration, only to " +

@@ -167,13 +167,18 @@ const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx) {
   return nullptr;
 }
 
-// The function a lambda is written in (null if none).
-static const FunctionDecl *outerOfLambda(const CXXRecordDecl *L, ASTContext &Ctx) {
-  const Stmt *Outer = nullptr;
-  for (DynTypedNodeList Ps = Ctx.getParents(*L); !Ps.empty(); Ps = Ctx.getParents(Ps[0]))
-    if ((Outer = Ps[0].get<LambdaExpr>()))
-      break;
-  return Outer ? enclosingFunction(Outer, Ctx) : nullptr;
+// The LambdaExpr of a lambda's class (the parents of its body are its call
+// operator, then its class, then the LambdaExpr).
+static const LambdaExpr *lambdaOf(const CXXRecordDecl *RD, ASTContext &Ctx) {
+  for (DynTypedNodeList Ps = Ctx.getParents(*RD); !Ps.empty(); Ps = Ctx.getParents(Ps[0]))
+    if (const auto *L = Ps[0].get<LambdaExpr>())
+      return L;
+  return nullptr;
+}
+
+const LambdaExpr *lambdaAround(const Stmt *S, ASTContext &Ctx) {
+  const auto *MD = dyn_cast_or_null<CXXMethodDecl>(enclosingFunction(S, Ctx));
+  return MD && MD->getParent()->isLambda() ? lambdaOf(MD->getParent(), Ctx) : nullptr;
 }
 
 bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx) {
@@ -183,7 +188,8 @@ bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx) {
     const auto *MD = dyn_cast<CXXMethodDecl>(FD);
     if (!MD || !MD->getParent()->isLambda())
       return false;
-    FD = outerOfLambda(MD->getParent(), Ctx);
+    const LambdaExpr *L = lambdaOf(MD->getParent(), Ctx);
+    FD = L ? enclosingFunction(L, Ctx) : nullptr;
   }
   return false;
 }

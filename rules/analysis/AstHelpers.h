@@ -67,6 +67,9 @@ llvm::StringRef operatorOpName(const CXXOperatorCallExpr *OC);
 /// The function or lambda call operator whose body contains S (null if none).
 const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx);
 
+/// The lambda whose body S is in (the lambda of the function around S), or null.
+const LambdaExpr *lambdaAround(const Stmt *S, ASTContext &Ctx);
+
 /// S is in code instantiated from a template: a fix-it there would edit the
 /// template for every instantiation (the pattern itself is checked too).
 bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx);

@@ -36,6 +36,13 @@ const sem::OpInfo *tensorOp(const TensorModel &M, const CallExpr *C) {
   return nullptr;
 }
 
+// A function of the tensor libraries that allocates its result (torch::cat,
+// tt::matmul), unlike std::move, a module's forward, or one returning a reference.
+bool libraryAllocates(const FunctionDecl *F) {
+  return isTensorLibraryCode(F) && F->getIdentifier() && F->getName() != "move" &&
+         F->getName() != "forward" && !F->getReturnType()->isReferenceType();
+}
+
 bool aliasing(const sem::OpInfo *Op) {
   return Op && (Op->storage == sem::Storage::View || Op->storage == sem::Storage::MayAlias ||
                 Op->storage == sem::Storage::Detach || Op->storage == sem::Storage::InPlace);
@@ -94,17 +101,13 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
     } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
       if (UO->getOpcode() == UO_AddrOf)
         if (const auto *D = dyn_cast<DeclRefExpr>(stripHandle(UO->getSubExpr())))
-          if (const auto *V = dyn_cast<VarDecl>(D->getDecl())) {
-            Pinned.insert(V);
+          if (const auto *V = dyn_cast<VarDecl>(D->getDecl()))
             AddressTaken.insert(V);
-          }
     } else if (const auto *L = dyn_cast<LambdaExpr>(S)) {
       for (const LambdaCapture &C : L->captures())
         if (C.capturesVariable() && C.getCaptureKind() == LCK_ByRef)
-          if (const auto *V = dyn_cast<VarDecl>(C.getCapturedVar())) {
-            Pinned.insert(V);
+          if (const auto *V = dyn_cast<VarDecl>(C.getCapturedVar()))
             RefCaptures[V].push_back(L);
-          }
     } else if (const auto *RF = dyn_cast<CXXForRangeStmt>(S)) {
       if (const VarDecl *LV = RF->getLoopVariable())
         ForeignVars.insert(LV);
@@ -238,9 +241,8 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
         basesOf(MC->getImplicitObjectArgument(), Out);
     return;
   }
-  if (F && isTensorLibraryCode(F) && F->getIdentifier() && F->getName() != "move" &&
-      F->getName() != "forward" && !F->getReturnType()->isReferenceType())
-    return; // library functions allocate their results (torch::cat, tt::matmul...)
+  if (F && libraryAllocates(F))
+    return; // torch::cat, tt::matmul...
   if (const FunctionDecl *Body = F ? readableCallee(F) : nullptr; Body && returnsFresh(Body))
     return; // `gram(feat)` returning `bmm(f, f.t()) / n`
   // An unknown function may return (a view of) any tensor it was given.
@@ -276,8 +278,7 @@ bool LoopAnalysis::rootsForeign(const Expr *E) const {
     return rootsForeign(Self ? Self : (C->getNumArgs() ? C->getArg(0) : nullptr));
   }
   const FunctionDecl *F = C->getDirectCallee();
-  if (F && isTensorLibraryCode(F) && F->getIdentifier() && F->getName() != "move" &&
-      !F->getReturnType()->isReferenceType() && !isa<CXXMethodDecl>(F))
+  if (F && libraryAllocates(F) && !isa<CXXMethodDecl>(F))
     return false; // torch::zeros, torch::cat...
   if (const FunctionDecl *Body = F ? readableCallee(F) : nullptr; Body && returnsFresh(Body))
     return false;
@@ -313,19 +314,6 @@ const Stmt *LoopAnalysis::innermostLoop(const Stmt *S, ASTContext &Ctx) {
 }
 
 namespace {
-
-// The lambda whose body holds S (the parents of its body are its call
-// operator, then its class, then the LambdaExpr).
-const LambdaExpr *lambdaAround(const Stmt *S, ASTContext &Ctx) {
-  const auto *MD = dyn_cast_or_null<CXXMethodDecl>(enclosingFunction(S, Ctx));
-  if (!MD || !MD->getParent()->isLambda())
-    return nullptr;
-  for (DynTypedNodeList Ps = Ctx.getParents(*MD->getParent()); !Ps.empty();
-       Ps = Ctx.getParents(Ps[0]))
-    if (const auto *L = Ps[0].get<LambdaExpr>())
-      return L;
-  return nullptr;
-}
 
 // E is V, or a conversion of V (a std::function built from the closure).
 bool namesVar(const Expr *E, const VarDecl *V) {
@@ -388,8 +376,8 @@ bool runsIn(const LambdaExpr *L, const Stmt *Loop, ASTContext &Ctx) {
 
 } // namespace
 
-const LambdaExpr *LoopAnalysis::closureAround(const Stmt *S, ASTContext &Ctx) {
-  return lambdaAround(S, Ctx);
+bool LoopAnalysis::inClosure(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
+  return enclosingFunction(S, Ctx) != enclosingFunction(Loop, Ctx);
 }
 
 const Stmt *LoopAnalysis::loopRunning(const Stmt *S, ASTContext &Ctx) {
@@ -404,11 +392,16 @@ bool LoopAnalysis::returnsFresh(const FunctionDecl *F, unsigned Depth) const {
   if (Depth > 2 || !F->getBody() || F->getReturnType()->isReferenceType() ||
       !Model.isTensorType(F->getReturnType()))
     return false;
+  if (auto It = FreshReturns.find(F); It != FreshReturns.end())
+    return It->second; // every call of a helper asks again: once per function
   llvm::SmallVector<const ReturnStmt *, 4> Rs;
   collectReturns(F->getBody(), Rs);
-  return !Rs.empty() && llvm::all_of(Rs, [&](const ReturnStmt *R) {
+  bool Fresh = !Rs.empty() && llvm::all_of(Rs, [&](const ReturnStmt *R) {
     return R->getRetValue() && isFreshValue(R->getRetValue(), Depth);
   });
+  if (Depth == 0) // an answer cut short by the depth bound is not F's own
+    FreshReturns[F] = Fresh;
+  return Fresh;
 }
 
 // E is storage an op has just allocated: tensor arithmetic, a table op
@@ -428,8 +421,7 @@ bool LoopAnalysis::isFreshValue(const Expr *E, unsigned Depth) const {
   if (!F || isa<CXXMethodDecl>(F))
     return false;
   if (isTensorLibraryCode(F))
-    return F->getIdentifier() && F->getName() != "move" && F->getName() != "forward" &&
-           !F->getReturnType()->isReferenceType();
+    return libraryAllocates(F);
   const FunctionDecl *Body = readableCallee(F);
   return Body && returnsFresh(Body, Depth + 1);
 }
@@ -689,6 +681,10 @@ bool LoopAnalysis::isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const 
   return keptOutside(V, F);
 }
 
+bool LoopAnalysis::pinned(const VarDecl *V) const {
+  return AddressTaken.count(V) || RefCaptures.count(V);
+}
+
 bool LoopAnalysis::pinnedIn(const VarDecl *V, const Stmt *Loop) const {
   if (AddressTaken.count(V))
     return true;
@@ -737,7 +733,7 @@ bool LoopAnalysis::mayChangeIn(const Expr *E, llvm::ArrayRef<const Stmt *> Regio
   auto VarChanged = [&](const Expr *X) {
     const auto *D = dyn_cast<DeclRefExpr>(stripHandle(X));
     const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
-    return !V || Pinned.count(V) || classWritten(V, F) || !keptOutside(V, F);
+    return !V || pinned(V) || classWritten(V, F) || !keptOutside(V, F);
   };
   E = stripHandle(E);
   const auto *ME = dyn_cast<MemberExpr>(E);
@@ -984,7 +980,7 @@ LoopAnalysis::Use LoopAnalysis::usesOfTemporary(const Expr *E, const Stmt *Loop)
 
 LoopAnalysis::Use LoopAnalysis::usesOf(const VarDecl *V0, const Stmt *Loop) {
   Use U;
-  if (Pinned.count(V0))
+  if (pinned(V0))
     U.Escapes = true;
   llvm::SmallVector<const VarDecl *, 4> Work{V0};
   llvm::DenseSet<const VarDecl *> Seen;
@@ -992,7 +988,7 @@ LoopAnalysis::Use LoopAnalysis::usesOf(const VarDecl *V0, const Stmt *Loop) {
     const VarDecl *V = Work.pop_back_val();
     if (!Seen.insert(V).second)
       continue;
-    if (Pinned.count(V) || V->isStaticLocal()) {
+    if (pinned(V) || V->isStaticLocal()) {
       U.Escapes = true;
       break;
     }

@@ -32,8 +32,8 @@ public:
   /// function around the lambda. Its analysis is loopsAt(the loop).
   static const Stmt *loopRunning(const Stmt *S, ASTContext &Ctx);
 
-  /// The lambda whose body holds S (null outside any).
-  static const LambdaExpr *closureAround(const Stmt *S, ASTContext &Ctx);
+  /// S is in a closure that Loop (from loopRunning(S)) runs, not in Loop's own function.
+  static bool inClosure(const Stmt *S, const Stmt *Loop, ASTContext &Ctx);
 
   /// E has the same value on every iteration of Loop.
   bool isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth = 0);
@@ -109,7 +109,6 @@ private:
   llvm::DenseSet<const VarDecl *> Foreign;       // by class root, after prepare
   llvm::DenseSet<const VarDecl *> ForeignVars;   // before roots are known
   llvm::DenseSet<const VarDecl *> CallerDerived; // handles made from the caller's tensors
-  llvm::DenseSet<const VarDecl *> Pinned;        // address taken, captured by reference
   llvm::DenseSet<const VarDecl *> AddressTaken;
   llvm::DenseSet<const VarDecl *> HandedOver; // given to an object that may keep them
   void handOver(const Stmt *Init);
@@ -119,6 +118,9 @@ private:
   /// taken, or a lambda outside Loop (whose body the loop's facts do not
   /// cover) captures it by reference.
   bool pinnedIn(const VarDecl *V, const Stmt *Loop) const;
+  /// Its address is taken or a lambda captures it by reference.
+  bool pinned(const VarDecl *V) const;
+  mutable llvm::DenseMap<const FunctionDecl *, bool> FreshReturns; // returnsFresh, per function
   llvm::DenseMap<const Stmt *, std::unique_ptr<LoopFacts>> Loops;
 };
 

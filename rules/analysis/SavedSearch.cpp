@@ -114,7 +114,6 @@ const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const 
   return Call;
 }
 
-
 // The saving op whose result every return of Call's callee gives (a function
 // of the TU with one body to read).
 SavedBy returnedSaver(const TensorModel &Model, const Expr *Def, CalleeGrads Callees,
