@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -64,7 +66,14 @@ std::vector<Backend> gBackends;
 
 // Each backend's set_num_threads, plus OpenMP and OpenBLAS directly (one
 // libgomp and one libopenblas in the process; LibTorch's leaves OpenBLAS alone).
+// Only on a change: LibTorch's set_num_threads rebuilds its pthreadpool every
+// call, and the new workers spin (~30 ms of CPU) beside whatever runs next,
+// on a 2-core machine half of it; the pause lets them go to sleep.
 void setThreads(int threads) {
+  static int current = 0;
+  if (threads == current)
+    return;
+  current = threads;
   for (const Backend &b : gBackends) {
     if (auto omp = reinterpret_cast<void (*)(int)>(dlsym(b.handle, "omp_set_num_threads")))
       omp(threads);
@@ -72,6 +81,7 @@ void setThreads(int threads) {
       blas(threads);
     b.setThreads(threads);
   }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
 }
 
 // --- the memcpy baseline for clone ---------------------------------------------------

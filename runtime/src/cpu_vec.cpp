@@ -137,31 +137,14 @@ template <typename T> struct Fns {
 template <typename T> struct Row {
   Fns<T> fns[6];
 };
+// add, add with alpha, sub, sub with alpha, mul of the dtype with suffix S.
+#define TT_ROW_FNS(S)                                                                              \
+  TT_FNS(add##S), TT_FNS(addAlpha##S), TT_FNS(sub##S), TT_FNS(subAlpha##S), TT_FNS(mul##S)
 template <typename T> Row<T> row();
-template <> Row<float> row() {
-  return {{TT_FNS(addF32), TT_FNS(addAlphaF32), TT_FNS(subF32), TT_FNS(subAlphaF32), TT_FNS(mulF32),
-           TT_FNS(divF32)}};
-}
-template <> Row<double> row() {
-  return {{TT_FNS(addF64), TT_FNS(addAlphaF64), TT_FNS(subF64), TT_FNS(subAlphaF64), TT_FNS(mulF64),
-           TT_FNS(divF64)}};
-}
-template <> Row<std::int32_t> row() {
-  return {{TT_FNS(addI32),
-           TT_FNS(addAlphaI32),
-           TT_FNS(subI32),
-           TT_FNS(subAlphaI32),
-           TT_FNS(mulI32),
-           {}}};
-}
-template <> Row<std::int64_t> row() {
-  return {{TT_FNS(addI64),
-           TT_FNS(addAlphaI64),
-           TT_FNS(subI64),
-           TT_FNS(subAlphaI64),
-           TT_FNS(mulI64),
-           {}}};
-}
+template <> Row<float> row() { return {{TT_ROW_FNS(F32), TT_FNS(divF32)}}; }
+template <> Row<double> row() { return {{TT_ROW_FNS(F64), TT_FNS(divF64)}}; }
+template <> Row<std::int32_t> row() { return {{TT_ROW_FNS(I32), {}}}; }
+template <> Row<std::int64_t> row() { return {{TT_ROW_FNS(I64), {}}}; }
 
 template <typename T> const Fns<T> *find(BinaryOp op, bool unitAlpha) {
   static const Row<T> r = row<T>();
