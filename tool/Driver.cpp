@@ -481,16 +481,8 @@ std::string preambleSummary(const Run &R) {
 }
 
 /// Text (clang-tidy's reporter, which also applies --fix), JSON or SARIF, to
-/// stdout or --output; then --export-fixes, the hook's text, the failures
-/// and the summary line.
-StageError emit(Run &R, const RunReport &Report) {
-  const DriverOptions &Opts = R.Opts;
-  // As clang-tidy without --fix-errors: no fixes computed on a broken AST.
-  bool ApplyFixes = Opts.Fix;
-  if (ApplyFixes && llvm::any_of(Report.Errors, isCompilerError)) {
-    llvm::errs() << "tensor-tidy: warning: found compiler errors; fixes not applied\n";
-    ApplyFixes = false;
-  }
+/// stdout or --output.
+StageError writeReport(Run &R, const RunReport &Report, bool ApplyFixes) {
   auto BaseFS = llvm::vfs::getRealFileSystem();
   // clang-tidy's reporter prints text and applies fixes in one go (through
   // llvm::writeToOutput: a temporary renamed over the file, never a
@@ -502,7 +494,7 @@ StageError emit(Run &R, const RunReport &Report) {
     handleErrors(Errors, *R.Context, ApplyFixes ? FB_Fix : FB_NoFix, PromotedByHandleErrors,
                  BaseFS);
   };
-  if (Opts.Format == OutputFormat::Text) {
+  if (R.Opts.Format == OutputFormat::Text) {
     withStdout(R.OutFd, [&] {
       ClangTidyReport();
       llvm::outs() << Report.VerifyText;
@@ -512,7 +504,7 @@ StageError emit(Run &R, const RunReport &Report) {
     if (R.OutFd >= 0)
       File = std::make_unique<llvm::raw_fd_ostream>(R.OutFd, /*shouldClose=*/false);
     llvm::raw_ostream &OS = File ? *File : llvm::outs();
-    if (Opts.Format == OutputFormat::Sarif)
+    if (R.Opts.Format == OutputFormat::Sarif)
       writeSarif(OS, Report);
     else
       writeJson(OS, Report);
@@ -525,21 +517,41 @@ StageError emit(Run &R, const RunReport &Report) {
     }
   }
   if (R.OutFd >= 0 && close(R.OutFd) != 0)
-    return "cannot write '" + Opts.Output + "'";
-  if (R.FixesOS && !R.Jobs.empty()) {
-    std::vector<ClangTidyError> ToExport = Report.Errors;
-    exportReplacements(R.Jobs.front().File, ToExport, *R.FixesOS);
-    R.FixesOS->close();
-    if (R.FixesOS->has_error()) {
-      R.FixesOS->clear_error();
-      return "cannot write '" + Opts.ExportFixes + "'";
-    }
+    return "cannot write '" + R.Opts.Output + "'";
+  return std::nullopt;
+}
+
+/// --export-fixes: the replacements of every finding, as clang-tidy writes them.
+StageError exportFixes(Run &R, const RunReport &Report) {
+  if (!R.FixesOS || R.Jobs.empty())
+    return std::nullopt;
+  std::vector<ClangTidyError> ToExport = Report.Errors;
+  exportReplacements(R.Jobs.front().File, ToExport, *R.FixesOS);
+  R.FixesOS->close();
+  if (R.FixesOS->has_error()) {
+    R.FixesOS->clear_error();
+    return "cannot write '" + R.Opts.ExportFixes + "'";
   }
+  return std::nullopt;
+}
+
+/// The report, --export-fixes, then the failures and the summary line.
+StageError emit(Run &R, const RunReport &Report) {
+  // As clang-tidy without --fix-errors: no fixes computed on a broken AST.
+  bool ApplyFixes = R.Opts.Fix;
+  if (ApplyFixes && llvm::any_of(Report.Errors, isCompilerError)) {
+    llvm::errs() << "tensor-tidy: warning: found compiler errors; fixes not applied\n";
+    ApplyFixes = false;
+  }
+  if (StageError E = writeReport(R, Report, ApplyFixes))
+    return E;
+  if (StageError E = exportFixes(R, Report))
+    return E;
   llvm::outs().flush();
   for (const RunReport::Failure &F : Report.Failures)
     printFailure(F);
   unsigned NumErrors = Report.errorCount();
-  if (!Opts.Quiet && R.Jobs.size() > 1)
+  if (!R.Opts.Quiet && R.Jobs.size() > 1)
     llvm::errs() << "tensor-tidy: " << R.Jobs.size() << " files (" << R.Cached << " from cache), "
                  << Report.Errors.size() - NumErrors << " warnings, " << NumErrors << " errors"
                  << preambleSummary(R) << "\n";

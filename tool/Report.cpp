@@ -313,48 +313,54 @@ void writeSarif(llvm::raw_ostream &OS, const RunReport &Rep) {
   OS << llvm::formatv("{0:2}", Log) << "\n";
 }
 
-void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
-  SourceIndex Index;
-  auto Located = [&](const tooling::DiagnosticMessage &M) {
-    Position P = Index.at(M.FilePath, M.FileOffset);
-    return json::Object{{"message", M.Message},
-                        {"file", M.FilePath},
-                        {"line", P.Line},
-                        {"column", P.Column},
-                        {"offset", M.FileOffset}};
-  };
-  json::Array Diags;
-  unsigned Warnings = 0, Errors = 0;
-  for (size_t I = 0; I < Rep.Errors.size(); ++I) {
-    const ClangTidyError &E = Rep.Errors[I];
-    json::Object D = Located(E.Message);
-    D["check"] = E.DiagnosticName;
-    D["level"] = levelName(E);
-    (llvm::StringRef(levelName(E)) == "error" ? Errors : Warnings)++;
-    json::Array Notes, Fixes;
-    for (const auto &N : E.Notes)
-      Notes.push_back(Located(N));
-    if (const auto *Chosen = tooling::selectFirstFix(E))
-      for (const auto &FileAndRepls : *Chosen)
-        for (const tooling::Replacement &R : FileAndRepls.second) {
-          Position P = Index.at(R.getFilePath(), R.getOffset());
-          Fixes.push_back(json::Object{{"file", R.getFilePath()},
-                                       {"offset", R.getOffset()},
-                                       {"length", R.getLength()},
-                                       {"line", P.Line},
-                                       {"column", P.Column},
-                                       {"replacement", R.getReplacementText()}});
-        }
-    if (I < Rep.TUs.size())
-      D["tu"] = Rep.TUs[I];
-    D["notes"] = std::move(Notes);
-    D["fixes"] = std::move(Fixes);
-    if (const auto *F = typedAt(Rep, I))
-      D["finding"] = toJSON(*F);
-    if (const json::Value *V = verdictAt(Rep, I))
-      D["verify"] = *V;
-    Diags.push_back(std::move(D));
-  }
+namespace {
+
+json::Object locatedJson(SourceIndex &Index, const tooling::DiagnosticMessage &M) {
+  Position P = Index.at(M.FilePath, M.FileOffset);
+  return json::Object{{"message", M.Message},
+                      {"file", M.FilePath},
+                      {"line", P.Line},
+                      {"column", P.Column},
+                      {"offset", M.FileOffset}};
+}
+
+json::Array jsonFixes(SourceIndex &Index, const ClangTidyError &E) {
+  json::Array Fixes;
+  if (const auto *Chosen = tooling::selectFirstFix(E))
+    for (const auto &FileAndRepls : *Chosen)
+      for (const tooling::Replacement &R : FileAndRepls.second) {
+        Position P = Index.at(R.getFilePath(), R.getOffset());
+        Fixes.push_back(json::Object{{"file", R.getFilePath()},
+                                     {"offset", R.getOffset()},
+                                     {"length", R.getLength()},
+                                     {"line", P.Line},
+                                     {"column", P.Column},
+                                     {"replacement", R.getReplacementText()}});
+      }
+  return Fixes;
+}
+
+/// Finding I of the run: where, which check, its notes, fixes, typed finding and verdict.
+json::Object jsonDiagnostic(const RunReport &Rep, size_t I, SourceIndex &Index) {
+  const ClangTidyError &E = Rep.Errors[I];
+  json::Object D = locatedJson(Index, E.Message);
+  D["check"] = E.DiagnosticName;
+  D["level"] = levelName(E);
+  json::Array Notes;
+  for (const auto &N : E.Notes)
+    Notes.push_back(locatedJson(Index, N));
+  if (I < Rep.TUs.size())
+    D["tu"] = Rep.TUs[I];
+  D["notes"] = std::move(Notes);
+  D["fixes"] = jsonFixes(Index, E);
+  if (const auto *F = typedAt(Rep, I))
+    D["finding"] = toJSON(*F);
+  if (const json::Value *V = verdictAt(Rep, I))
+    D["verify"] = *V;
+  return D;
+}
+
+json::Array jsonFailures(const RunReport &Rep) {
   json::Array Failures;
   for (const RunReport::Failure &F : Rep.Failures) {
     static const char *const Kinds[] = {"parse-error", "crash", "timeout"};
@@ -365,10 +371,23 @@ void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
       O["crashReport"] = json::Array(F.Log);
     Failures.push_back(std::move(O));
   }
+  return Failures;
+}
+
+} // namespace
+
+void writeJson(llvm::raw_ostream &OS, const RunReport &Rep) {
+  SourceIndex Index;
+  json::Array Diags;
+  unsigned Warnings = 0, Errors = 0;
+  for (size_t I = 0; I < Rep.Errors.size(); ++I) {
+    (llvm::StringRef(levelName(Rep.Errors[I])) == "error" ? Errors : Warnings)++;
+    Diags.push_back(jsonDiagnostic(Rep, I, Index));
+  }
   json::Object Out{{"tool", "tensor-tidy"},
                    {"version", TT_VERSION},
                    {"diagnostics", std::move(Diags)},
-                   {"failures", std::move(Failures)},
+                   {"failures", jsonFailures(Rep)},
                    {"summary", json::Object{{"files", Rep.Files},
                                             {"cached", Rep.Cached},
                                             {"warnings", Warnings},

@@ -121,34 +121,8 @@ static const char Overview[] =
     "--verify: a fix failed verification or a program could not be verified. When several\n"
     "apply: 2, then 4, then 3, then 1.\n";
 
-int main(int argc, const char **argv) {
-  llvm::InitLLVM X(argc, argv);
-  // The first line of a crashed worker's report (CrashReport.h), not LLVM's.
-  llvm::setBugReportMsg(CrashBanner);
-  setExecutablePath(argv[0]);
-  verify::registerOptions(Category);
-  cl::HideUnrelatedOptions(Category);
-  cl::SetVersionPrinter([](llvm::raw_ostream &OS) { OS << "tensor-tidy " TT_VERSION "\n"; });
-
-  DriverOptions Opts;
-  std::string DbError;
-  // Everything after "--" is compiler flags for the files named before it.
-  Opts.FixedDatabase =
-      clang::tooling::FixedCompilationDatabase::loadFromCommandLine(argc, argv, DbError);
-  std::string ParseErrors;
-  llvm::raw_string_ostream ErrOS(ParseErrors);
-  if (!cl::ParseCommandLineOptions(argc, argv, Overview, &ErrOS)) {
-    ErrOS.flush();
-    llvm::errs() << llvm::StringRef(ParseErrors).trim().split('\n').first << "\n";
-    return ExitUsage;
-  }
-  if (!DbError.empty()) {
-    llvm::StringRef Line = llvm::StringRef(DbError).trim().split('\n').first;
-    Line.consume_front("error: ");
-    reportError(Line);
-    return ExitUsage;
-  }
-
+/// The parsed command-line options, as the driver takes them.
+static void fillOptions(DriverOptions &Opts) {
   Opts.Files.assign(Files.begin(), Files.end());
   Opts.BuildPath = BuildPath;
   if (Checks.getNumOccurrences())
@@ -178,6 +152,43 @@ int main(int argc, const char **argv) {
   Opts.NoCache = NoCache;
   Opts.NoPch = NoPch;
   Opts.Shard = Shard;
+}
+
+/// Parses argv into Opts (the flags after "--" into its fixed database);
+/// false, with one error line printed, on a usage error.
+static bool parseCommandLine(int argc, const char **argv, DriverOptions &Opts) {
+  std::string DbError;
+  Opts.FixedDatabase =
+      clang::tooling::FixedCompilationDatabase::loadFromCommandLine(argc, argv, DbError);
+  std::string ParseErrors;
+  llvm::raw_string_ostream ErrOS(ParseErrors);
+  if (!cl::ParseCommandLineOptions(argc, argv, Overview, &ErrOS)) {
+    ErrOS.flush();
+    llvm::errs() << llvm::StringRef(ParseErrors).trim().split('\n').first << "\n";
+    return false;
+  }
+  if (!DbError.empty()) {
+    llvm::StringRef Line = llvm::StringRef(DbError).trim().split('\n').first;
+    Line.consume_front("error: ");
+    reportError(Line);
+    return false;
+  }
+  fillOptions(Opts);
+  return true;
+}
+
+int main(int argc, const char **argv) {
+  llvm::InitLLVM X(argc, argv);
+  // The first line of a crashed worker's report (CrashReport.h), not LLVM's.
+  llvm::setBugReportMsg(CrashBanner);
+  setExecutablePath(argv[0]);
+  verify::registerOptions(Category);
+  cl::HideUnrelatedOptions(Category);
+  cl::SetVersionPrinter([](llvm::raw_ostream &OS) { OS << "tensor-tidy " TT_VERSION "\n"; });
+
+  DriverOptions Opts;
+  if (!parseCommandLine(argc, argv, Opts))
+    return ExitUsage;
   if (Merge)
     return mergeReports(Opts.Files, Opts.Output);
 

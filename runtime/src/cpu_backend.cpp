@@ -587,6 +587,71 @@ template <typename A> A sigmoidOf(A x) {
     return x;
 }
 
+// The unary ops without parameters, through run(f); false for the others.
+template <typename A, typename Run> bool runPlainUnary(UnaryOp op, Run run) {
+  switch (op) {
+  case UnaryOp::Neg:
+    run([](A x) { return A(-x); });
+    return true;
+  case UnaryOp::Abs:
+    run([](A x) { return x < A(0) ? A(-x) : x; });
+    return true;
+  case UnaryOp::Exp:
+    run([](A x) { return A(std::exp(x)); });
+    return true;
+  case UnaryOp::Log:
+    run([](A x) { return A(std::log(x)); });
+    return true;
+  case UnaryOp::Sqrt:
+    run([](A x) { return A(std::sqrt(x)); });
+    return true;
+  case UnaryOp::Relu:
+    run([](A x) { return x > A(0) || x != x ? x : A(0); }); // NaN stays NaN
+    return true;
+  case UnaryOp::Sigmoid:
+    run([](A x) { return sigmoidOf(x); });
+    return true;
+  case UnaryOp::Tanh:
+    run([](A x) { return A(std::tanh(x)); });
+    return true;
+  case UnaryOp::Reciprocal:
+    run([](A x) { return A(A(1) / x); });
+    return true;
+  default:
+    return false;
+  }
+}
+
+template <typename A, typename Run> void runClamp(bool lo, A p0, bool hi, A p1, Run run) {
+  run([=](A x) {
+    if constexpr (std::is_floating_point_v<A>)
+      if (std::isnan(x))
+        return x;
+    if (lo && x < p0)
+      x = p0;
+    if (hi && x > p1)
+      x = p1;
+    return x;
+  });
+}
+
+// x ** p0 (d0: the exponent as given): squares exactly, integers by repeated products.
+template <typename A, typename Run> void runPowScalar(double d0, A p0, Run run) {
+  if constexpr (std::is_floating_point_v<A>) {
+    if (d0 == 2.0)
+      run([](A x) { return x * x; });
+    else
+      run([=](A x) { return A(std::pow(x, p0)); });
+  } else {
+    run([=](A x) {
+      A r = 1;
+      for (A e = p0; e > 0; --e)
+        r *= x;
+      return r;
+    });
+  }
+}
+
 void cpuUnary(UnaryOp op, const TensorDesc &out, const TensorDesc &in, const UnaryParams &pr) {
   Loop L = makeLoop({&out, &in});
   dispatch(out.dtype, [&](auto tag) {
@@ -596,68 +661,14 @@ void cpuUnary(UnaryOp op, const TensorDesc &out, const TensorDesc &in, const Una
       mapKernel<T, T, 1>(L, [&](T x) -> T { return store<T>(f(static_cast<A>(x))); });
     };
     const A p0 = fromScalar<T>(pr.p0), p1 = fromScalar<T>(pr.p1);
-    const double d0 = pr.p0.d;
-    switch (op) {
-    case UnaryOp::Neg:
-      run([](A x) { return A(-x); });
-      break;
-    case UnaryOp::Abs:
-      run([](A x) { return x < A(0) ? A(-x) : x; });
-      break;
-    case UnaryOp::Exp:
-      run([](A x) { return A(std::exp(x)); });
-      break;
-    case UnaryOp::Log:
-      run([](A x) { return A(std::log(x)); });
-      break;
-    case UnaryOp::Sqrt:
-      run([](A x) { return A(std::sqrt(x)); });
-      break;
-    case UnaryOp::Relu:
-      run([](A x) { return x > A(0) || x != x ? x : A(0); });
-      break; // NaN stays NaN
-    case UnaryOp::Sigmoid:
-      run([](A x) { return sigmoidOf(x); });
-      break;
-    case UnaryOp::Tanh:
-      run([](A x) { return A(std::tanh(x)); });
-      break;
-    case UnaryOp::Reciprocal:
-      run([](A x) { return A(A(1) / x); });
-      break;
-    case UnaryOp::Clamp: {
-      bool lo = pr.has_p0, hi = pr.has_p1;
-      run([=](A x) {
-        if constexpr (std::is_floating_point_v<A>)
-          if (std::isnan(x))
-            return x;
-        if (lo && x < p0)
-          x = p0;
-        if (hi && x > p1)
-          x = p1;
-        return x;
-      });
-      break;
-    }
-    case UnaryOp::PowScalar:
-      if constexpr (std::is_floating_point_v<A>) {
-        if (d0 == 2.0)
-          run([](A x) { return x * x; });
-        else
-          run([=](A x) { return A(std::pow(x, p0)); });
-      } else {
-        run([=](A x) {
-          A r = 1;
-          for (A e = p0; e > 0; --e)
-            r *= x;
-          return r;
-        });
-      }
-      break;
-    case UnaryOp::RPowScalar:
+    if (runPlainUnary<A>(op, run))
+      return;
+    if (op == UnaryOp::Clamp)
+      runClamp(pr.has_p0, p0, pr.has_p1, p1, run);
+    else if (op == UnaryOp::PowScalar)
+      runPowScalar(pr.p0.d, p0, run);
+    else if (op == UnaryOp::RPowScalar)
       run([=](A x) { return A(std::pow(p0, x)); });
-      break;
-    }
   });
 }
 
