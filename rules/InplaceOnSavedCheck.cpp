@@ -35,6 +35,8 @@ bool graphLeaves(const FunctionDecl *FD, const TensorModel &Model) {
 std::string opLabel(const CallExpr *Op) {
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Op))
     return std::string("operator") + getOperatorSpelling(OC->getOperator());
+  if (const CXXMethodDecl *Fwd = customFunctionForward(Op)) // SafeLog::apply
+    return Fwd->getParent()->getNameAsString() + "::apply";
   const FunctionDecl *FD = Op->getDirectCallee();
   return FD ? FD->getNameAsString() : "the op";
 }

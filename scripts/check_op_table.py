@@ -4,7 +4,9 @@ PyTorch (run with /usr/bin/python3, Debian's python3-torch): storage (view /
 fresh / may-alias), result layout (contiguous / same as self / permuted) and
 whether autograd records the op; and every TT_SAVES row (what an op saves for
 backward), plus the probed ops that are not listed (they must save nothing),
-by modifying the result or an input in place and running backward. Exit 0 all agree, 1 a row disagrees or has
+by modifying the result or an input in place and running backward; and the
+TT_RESHAPES_SELF rows (in-place ops that change self's layout; other in-place
+ops must keep it). Exit 0 all agree, 1 a row disagrees or has
 no probe, 2 PyTorch is missing."""
 import pathlib
 import re
@@ -13,6 +15,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^TT_LIBTORCH_OP\((\w+),\s*(\w+),\s*(\w+),\s*(\w+)\)", re.M)
 SAVES_ROW = re.compile(r"^TT_SAVES\((\w+),\s*(\w+)\)", re.M)
+RESHAPES_ROW = re.compile(r"^TT_RESHAPES_SELF\((\w+)\)", re.M)
 
 
 def probes(torch, F):
@@ -180,6 +183,63 @@ def saves_disagreements(torch, F):
     return problems, len(probes)
 
 
+def reshapes_probes(torch):
+    """name -> f(x) for in-place ops: the TT_RESHAPES_SELF rows and, on a
+    transposed [4, 5] float tensor, in-place ops outside that list, which must
+    keep self's sizes, strides, dtype and device. A (make, f) pair probes
+    its own tensor."""
+    idx, idx2 = torch.tensor([0, 2]), torch.zeros(4, 5, dtype=torch.long)
+    mask = torch.rand(4, 5) > 0.5
+    return {
+        "as_strided_": lambda x: x.as_strided_((2, 2), (1, 2)),
+        "resize_": lambda x: x.resize_(2, 10),
+        "resize_as_": lambda x: x.resize_as_(torch.empty(20)),
+        "set_": lambda x: x.set_(torch.empty(7)),
+        "squeeze_": (lambda: torch.randn(5, 1, 4).transpose(0, 2), lambda x: x.squeeze_()),
+        "swapaxes_": lambda x: x.swapaxes_(0, 1),
+        "swapdims_": lambda x: x.swapdims_(0, 1),
+        "t_": lambda x: x.t_(),
+        "transpose_": lambda x: x.transpose_(0, 1),
+        "unsqueeze_": lambda x: x.unsqueeze_(0),
+        "index_add_": lambda x: x.index_add_(0, idx, torch.ones(2, 5)),
+        "index_copy_": lambda x: x.index_copy_(0, idx, torch.ones(2, 5)),
+        "index_fill_": lambda x: x.index_fill_(0, idx, 1.0),
+        "masked_fill_": lambda x: x.masked_fill_(mask, 0.0),
+        "masked_scatter_": lambda x: x.masked_scatter_(mask, torch.ones(20)),
+        "scatter_": lambda x: x.scatter_(0, idx2, torch.ones(4, 5)),
+        "scatter_add_": lambda x: x.scatter_add_(0, idx2, torch.ones(4, 5)),
+        "put_": lambda x: x.put_(idx, torch.ones(2)),
+        "clamp_min_": lambda x: x.clamp_min_(0.0),
+        "addcmul_": lambda x: x.addcmul_(torch.ones(4, 5), torch.ones(4, 5)),
+        "lerp_": lambda x: x.lerp_(torch.ones(4, 5), 0.5),
+        "normal_": lambda x: x.normal_(),
+        "uniform_": lambda x: x.uniform_(),
+        "bernoulli_": lambda x: x.bernoulli_(0.5),
+        "floor_": lambda x: x.floor_(),
+        "sign_": lambda x: x.sign_(),
+        "fill_": lambda x: x.fill_(1.0),
+        "add_": lambda x: x.add_(torch.ones(5)),
+        "copy_": lambda x: x.copy_(torch.ones(4, 5, dtype=torch.float64)),
+        "requires_grad_": lambda x: x.requires_grad_(),
+    }
+
+
+def reshapes_disagreements(torch):
+    listed = set(RESHAPES_ROW.findall((ROOT / "runtime/include/tt/ops.def").read_text()))
+    probes = reshapes_probes(torch)
+    problems = ["%s: TT_RESHAPES_SELF row without a probe" % n for n in listed if n not in probes]
+    for name, f in sorted(probes.items()):
+        make, f = f if isinstance(f, tuple) else (lambda: torch.randn(5, 4).t(), f)
+        x = make()
+        before = (x.size(), x.stride(), x.dtype, x.device)
+        f(x)
+        kept = before == (x.size(), x.stride(), x.dtype, x.device)
+        if kept == (name in listed):
+            problems.append("%s: ops.def says it %s self's layout, but PyTorch %s it" % (
+                name, "changes" if name in listed else "keeps", "keeps" if kept else "changes"))
+    return problems, len(probes)
+
+
 def main():
     try:
         import torch
@@ -207,7 +267,11 @@ def main():
     for p in saves_problems:
         print(p)
     print("%d ops' saved tensors checked against PyTorch, %d disagreements" % (probed, len(saves_problems)))
-    return 1 if failed or saves_problems else 0
+    reshape_problems, probed = reshapes_disagreements(torch)
+    for p in reshape_problems:
+        print(p)
+    print("%d in-place ops' layouts checked against PyTorch, %d disagreements" % (probed, len(reshape_problems)))
+    return 1 if failed or saves_problems or reshape_problems else 0
 
 
 if __name__ == "__main__":

@@ -220,6 +220,8 @@ private:
   void collectAffected(WriteEvent &W, const State &S, unsigned Block, unsigned Index,
                        const std::vector<uint8_t> &Seen, const std::vector<Reach> &Reached);
   const Stmt *laterRead(const VarDecl *V, unsigned Block, unsigned Index) const;
+  bool mayRunBefore(const Stmt *Site, unsigned Block, unsigned Index);
+  const CFGBlock *blockWithId(unsigned Id) const;
   void collectNonReads();
 
   AliasAnalysis &AA;
@@ -227,6 +229,7 @@ private:
   const FunctionDecl *FD;
   ASTContext &Ctx;
   std::unique_ptr<CFG> Cfg;
+  llvm::DenseMap<const Stmt *, std::pair<unsigned, unsigned>> Positions; // block, element
   std::vector<Node> Nodes;
   llvm::DenseMap<const void *, unsigned> NodeOf;
   llvm::DenseMap<const VarDecl *, const VarDecl *> RefTarget;
@@ -504,10 +507,7 @@ void FunctionAnalyzer::collectNonReads() {
 const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsigned Index) const {
   llvm::SmallVector<std::pair<const CFGBlock *, unsigned>, 16> Work;
   llvm::DenseSet<const CFGBlock *> Seen;
-  const CFGBlock *Start = nullptr;
-  for (const CFGBlock *B : *Cfg)
-    if (B->getBlockID() == Block)
-      Start = B;
+  const CFGBlock *Start = blockWithId(Block);
   if (!Start)
     return nullptr;
   Work.push_back({Start, Index + 1});
@@ -545,6 +545,43 @@ const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsign
         Work.push_back({Succ, 0});
   }
   return nullptr;
+}
+
+const CFGBlock *FunctionAnalyzer::blockWithId(unsigned Id) const {
+  for (const CFGBlock *B : *Cfg)
+    if (B->getBlockID() == Id)
+      return B;
+  return nullptr;
+}
+
+// Whether Site (where a node escaped) may run before element Index of Block
+// on some path; true when Site is not an element of the CFG.
+bool FunctionAnalyzer::mayRunBefore(const Stmt *Site, unsigned Block, unsigned Index) {
+  if (Positions.empty())
+    for (const CFGBlock *B : *Cfg)
+      for (unsigned I = 0; I < B->size(); ++I)
+        if (auto CS = (*B)[I].getAs<CFGStmt>())
+          Positions.try_emplace(CS->getStmt(), B->getBlockID(), I);
+  auto It = Positions.find(Site);
+  if (It == Positions.end())
+    return true;
+  auto [SiteBlock, SiteIndex] = It->second;
+  if (SiteBlock == Block && SiteIndex < Index)
+    return true;
+  llvm::SmallVector<const CFGBlock *, 16> Work{blockWithId(SiteBlock)};
+  llvm::DenseSet<const CFGBlock *> Seen;
+  while (!Work.empty()) {
+    const CFGBlock *B = Work.pop_back_val();
+    if (!B)
+      continue;
+    for (const CFGBlock *Succ : B->succs())
+      if (Succ && Seen.insert(Succ).second) {
+        if (Succ->getBlockID() == Block)
+          return true;
+        Work.push_back(Succ);
+      }
+  }
+  return false;
 }
 
 // Explicit views of a handle write that handle: the written root.
@@ -701,7 +738,8 @@ void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned B
       const Node &N = Nodes[I.N];
       if (N.Ext && N.Ext != W.RootDecl)
         Add(N.Ext, N.ExtWhy, nullptr, I);
-      else if (N.EscapeSite && N.EscapedDecl != W.RootDecl)
+      else if (N.EscapeSite && N.EscapedDecl != W.RootDecl &&
+               mayRunBefore(N.EscapeSite, Block, Index)) // stored after the write: it sees it
         Add(N.EscapedDecl, Exposure::Stored, N.EscapeSite, I);
       else if (N.RequiresGrad && WantDetach)
         for (const auto &[V, NS] : S)

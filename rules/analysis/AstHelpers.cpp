@@ -88,6 +88,24 @@ bool isModuleForward(const CXXMethodDecl *MD) {
   return isModuleRecord(MD->getParent());
 }
 
+const CXXMethodDecl *customFunctionForward(const CallExpr *Call) {
+  const auto *Apply = dyn_cast_or_null<CXXMethodDecl>(Call->getDirectCallee());
+  if (!Apply || !Apply->isStatic() || !Apply->getIdentifier() || Apply->getName() != "apply")
+    return nullptr;
+  const auto *Base = dyn_cast<ClassTemplateSpecializationDecl>(Apply->getParent());
+  if (!Base || !Base->getIdentifier() || Base->getName() != "Function" ||
+      !inNamespacePath(Base, "torch::autograd::") || Base->getTemplateArgs().size() != 1 ||
+      Base->getTemplateArgs()[0].getKind() != TemplateArgument::Type)
+    return nullptr;
+  const CXXRecordDecl *F = Base->getTemplateArgs()[0].getAsType()->getAsCXXRecordDecl();
+  if (!F || !F->hasDefinition())
+    return nullptr;
+  for (const CXXMethodDecl *M : F->getDefinition()->methods())
+    if (M->isStatic() && M->getIdentifier() && M->getName() == "forward" && M->hasBody())
+      return M;
+  return nullptr;
+}
+
 const VarDecl *handleVar(const ValueDecl *D) {
   if (const auto *B = dyn_cast_or_null<BindingDecl>(D))
     return B->getHoldingVar();

@@ -36,6 +36,11 @@ bool isModuleCall(const CallExpr *Call);
 /// the module cannot reach (Note [Opaque calls] in docs/design.md).
 bool isModuleForward(const CXXMethodDecl *MD);
 
+/// `F::apply(...)` of a custom autograd Function (`struct F :
+/// torch::autograd::Function<F>`): F's static `forward` with its body in
+/// this TU; null for any other call.
+const CXXMethodDecl *customFunctionForward(const CallExpr *Call);
+
 /// The variable a name denotes as a handle: a variable, or the holding
 /// variable of a tuple-like structured binding (`auto [a, b] = f();`);
 /// nullptr otherwise.

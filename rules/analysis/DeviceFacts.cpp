@@ -5,6 +5,8 @@
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
 
+#include <utility>
+
 namespace clang::tidy::tensor {
 
 namespace {
@@ -18,6 +20,10 @@ DeviceKnown meet(DeviceKnown A, DeviceKnown B) {
     return DeviceKnown::CUDAIfAvailable;
   return DeviceKnown::Unknown;
 }
+
+// Variables followed from one expression to what it was computed from: the
+// expressions themselves are walked whole (they hold no cycle).
+constexpr unsigned kMaxHops = 12;
 
 bool onCUDA(DeviceKnown D) { return D == DeviceKnown::CUDA || D == DeviceKnown::CUDAIfAvailable; }
 
@@ -36,6 +42,13 @@ bool asksAvailability(const Stmt *S) {
 bool isDeviceLikeType(QualType T) {
   std::string N = T.getNonReferenceType().getUnqualifiedType().getAsString();
   return N.find("Device") != std::string::npos || N.find("TensorOptions") != std::string::npos;
+}
+
+// `p.first` / `p.second` of a std::pair: its tensors come from one computation.
+bool isPairElement(const MemberExpr *ME) {
+  const auto *Field = dyn_cast<FieldDecl>(ME->getMemberDecl());
+  const auto *Pair = Field ? dyn_cast<CXXRecordDecl>(Field->getParent()) : nullptr;
+  return Pair && Pair->getName() == "pair" && Pair->isInStdNamespace();
 }
 
 StringRef calleeName(const CallExpr *C) {
@@ -71,20 +84,36 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
   if (isa<ParmVarDecl>(V) || !V->getInit() ||
       (V->hasGlobalStorage() && !V->getType().isConstQualified()))
     return DeviceKnown::Unknown;
+  const std::pair<const VarDecl *, unsigned> Key{V, IsDevice};
+  if (auto It = Known.find(Key); It != Known.end())
+    return It->second;
+  // A variable whose value depends on itself (`x = model(x)`) is not followed.
+  if (!InProgress.insert(Key).second) {
+    CutShort = true;
+    return DeviceKnown::Unknown;
+  }
+  const bool OuterCut = std::exchange(CutShort, false);
   auto Of = [&](const Expr *E) {
     return IsDevice ? deviceNamed(E, Depth + 1) : deviceOf(E, Depth + 1);
   };
   DeviceKnown D = Of(V->getInit());
-  auto It = Assigned.find(V);
-  if (It != Assigned.end())
+  if (auto It = Assigned.find(V); It != Assigned.end())
     for (const Expr *R : It->second)
       D = meet(D, Of(R));
+  InProgress.erase(Key);
+  if (!CutShort) // an answer cut short by a cycle or the hop bound is not V's own
+    Known[Key] = D;
+  CutShort |= OuterCut;
   return D;
 }
 
 DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
-  if (!E || Depth > 12)
+  if (!E)
     return DeviceKnown::Unknown;
+  if (Depth > kMaxHops) {
+    CutShort = true;
+    return DeviceKnown::Unknown;
+  }
   E = stripHandle(E)->IgnoreImplicit();
   if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
     StringRef N = DRE->getDecl()->getIdentifier() ? DRE->getDecl()->getName() : "";
@@ -100,22 +129,22 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
            : S->getString().starts_with("cpu") ? DeviceKnown::NotCUDA
                                                : DeviceKnown::Unknown;
   if (const auto *CO = dyn_cast<ConditionalOperator>(E)) {
-    DeviceKnown T = deviceNamed(CO->getTrueExpr(), Depth + 1),
-                F = deviceNamed(CO->getFalseExpr(), Depth + 1);
+    DeviceKnown T = deviceNamed(CO->getTrueExpr(), Depth),
+                F = deviceNamed(CO->getFalseExpr(), Depth);
     if (asksAvailability(CO->getCond()) && T == DeviceKnown::CUDA && F == DeviceKnown::NotCUDA)
       return DeviceKnown::CUDAIfAvailable;
     return meet(T, F);
   }
   // torch::Device(kCUDA, 0), TensorOptions(device), optional<Device>.
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E))
-    return CE->getNumArgs() ? deviceNamed(CE->getArg(0), Depth + 1) : DeviceKnown::NotCUDA;
+    return CE->getNumArgs() ? deviceNamed(CE->getArg(0), Depth) : DeviceKnown::NotCUDA;
   if (const auto *C = dyn_cast<CallExpr>(E)) {
     StringRef N = calleeName(C);
     const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
     if (N == "device" && C->getNumArgs() == 1) // options.device(d), torch::device(d)
-      return deviceNamed(C->getArg(0), Depth + 1);
+      return deviceNamed(C->getArg(0), Depth);
     if (MC && isDeviceLikeType(MC->getImplicitObjectArgument()->getType()))
-      return deviceNamed(MC->getImplicitObjectArgument(), Depth + 1); // .dtype(...) on options
+      return deviceNamed(MC->getImplicitObjectArgument(), Depth); // .dtype(...) on options
     if (!MC && isTensorApi(C->getDirectCallee()) && (N == "dtype" || N == "requires_grad"))
       return DeviceKnown::NotCUDA; // torch::dtype(kFloat): the default device
   }
@@ -126,7 +155,7 @@ DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth) {
   DeviceKnown Best = DeviceKnown::Unknown;
   for (const Expr *A : C->arguments())
     if (Model.isTensorExpr(A))
-      if (DeviceKnown D = deviceOf(A, Depth + 1); onCUDA(D) && Best != DeviceKnown::CUDA)
+      if (DeviceKnown D = deviceOf(A, Depth); onCUDA(D) && Best != DeviceKnown::CUDA)
         Best = D;
   return Best;
 }
@@ -137,11 +166,11 @@ DeviceKnown DeviceFacts::ofFactory(const CallExpr *C, unsigned Depth) {
     for (const Expr *A : llvm::drop_begin(C->arguments()))
       if (isDeviceLikeType(A->getType()) && !isa<CXXDefaultArgExpr>(A))
         return DeviceKnown::Unknown; // a device of its own: rare, not followed
-    return deviceOf(C->getArg(0), Depth + 1);
+    return deviceOf(C->getArg(0), Depth);
   }
   for (const Expr *A : C->arguments())
     if (!isa<CXXDefaultArgExpr>(A) && isDeviceLikeType(A->getType()))
-      return deviceNamed(A, Depth + 1);
+      return deviceNamed(A, Depth);
   return DeviceKnown::NotCUDA;
 }
 
@@ -157,16 +186,16 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
     if (N == "to" && C->getNumArgs() && !isa<CXXDefaultArgExpr>(C->getArg(0))) {
       const Expr *A = C->getArg(0);
       if (isDeviceLikeType(A->getType())) // to(device), to(device, dtype)
-        return deviceNamed(A, Depth + 1);
+        return deviceNamed(A, Depth);
       if (Model.isTensorExpr(A)) // to(other): other's device
-        return deviceOf(A, Depth + 1);
+        return deviceOf(A, Depth);
     }
-    return deviceOf(Obj, Depth + 1); // every other tensor method keeps self's device
+    return deviceOf(Obj, Depth); // every other tensor method keeps self's device
   }
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C))
     return anyArgument(OC, Depth);    // operands share a device
   if (isStdMoveLike(C) || N == "get") // std::get<0>(t.max(1)): the tuple's tensors
-    return C->getNumArgs() ? deviceOf(C->getArg(0), Depth + 1) : DeviceKnown::Unknown;
+    return C->getNumArgs() ? deviceOf(C->getArg(0), Depth) : DeviceKnown::Unknown;
   const sem::OpInfo *Op = sem::lookup(N);
   if (isTensorApi(C->getDirectCallee()) &&
       ((Op && Op->storage == sem::Storage::Factory) || N.starts_with("rand") || N == "tensor" ||
@@ -178,8 +207,12 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
 }
 
 DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
-  if (!E || Depth > 12)
+  if (!E)
     return DeviceKnown::Unknown;
+  if (Depth > kMaxHops) {
+    CutShort = true;
+    return DeviceKnown::Unknown;
+  }
   E = stripHandle(E)->IgnoreImplicit();
   if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
     if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl())) // auto [a, b] = model(x)
@@ -189,9 +222,11 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
     return V ? ofVar(V, false, Depth) : DeviceKnown::Unknown;
   }
   if (const auto *CO = dyn_cast<ConditionalOperator>(E))
-    return meet(deviceOf(CO->getTrueExpr(), Depth + 1), deviceOf(CO->getFalseExpr(), Depth + 1));
+    return meet(deviceOf(CO->getTrueExpr(), Depth), deviceOf(CO->getFalseExpr(), Depth));
   if (const auto *UO = dyn_cast<UnaryOperator>(E))
-    return deviceOf(UO->getSubExpr(), Depth + 1);
+    return deviceOf(UO->getSubExpr(), Depth);
+  if (const auto *ME = dyn_cast<MemberExpr>(E); ME && isPairElement(ME))
+    return deviceOf(ME->getBase(), Depth); // out.first of `auto out = model->forward(x)`
   if (const auto *C = dyn_cast<CallExpr>(E))
     return ofCall(C, Depth);
   return DeviceKnown::Unknown;

@@ -13,6 +13,7 @@
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/Decl.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 namespace clang::tidy::tensor {
 
@@ -27,7 +28,7 @@ class DeviceFacts {
 public:
   DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const FunctionDecl *FD);
 
-  /// The device of the tensor E on every evaluation.
+  /// The device of the tensor E on every evaluation (Depth: variables followed so far).
   DeviceKnown deviceOf(const Expr *E, unsigned Depth = 0);
   /// The device a device expression names (kCUDA, torch::Device(...),
   /// TensorOptions().device(d), a variable holding one).
@@ -43,6 +44,11 @@ private:
   ASTContext &Ctx;
   /// Every value assigned to a local variable after its declaration.
   llvm::DenseMap<const VarDecl *, llvm::SmallVector<const Expr *, 2>> Assigned;
+  /// ofVar's answers (a variable, as a device or a tensor), and the ones in
+  /// progress; CutShort: the answer being computed met a cycle or the bound.
+  llvm::DenseMap<std::pair<const VarDecl *, unsigned>, DeviceKnown> Known;
+  llvm::DenseSet<std::pair<const VarDecl *, unsigned>> InProgress;
+  bool CutShort = false;
 };
 
 } // namespace clang::tidy::tensor

@@ -467,13 +467,21 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
       St[DRE->getDecl()] = eval(OC->getArg(1), St);
     return;
   }
+  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(Call);
+  const CXXMethodDecl *M = MC ? MC->getMethodDecl() : nullptr;
+  const auto *DRE = M && M->getIdentifier()
+                        ? dyn_cast<DeclRefExpr>(stripHandle(MC->getImplicitObjectArgument()))
+                        : nullptr;
+  if (!DRE)
+    return;
   // `w.requires_grad_()` changes w itself.
-  if (const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(Call))
-    if (const CXXMethodDecl *M = MC->getMethodDecl();
-        M && M->getIdentifier() &&
-        (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad"))
-      if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(MC->getImplicitObjectArgument())))
-        St[DRE->getDecl()] = evalRequiresGradCall(MC, St);
+  if (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad")
+    St[DRE->getDecl()] = evalRequiresGradCall(MC, St);
+  // After `loss.backward()` returns, loss requires grad: PyTorch throws "does
+  // not require grad" otherwise (a sum started from zeros({}) in a loop).
+  if (M->getName() == "backward" && Model.isTensorExpr(MC->getImplicitObjectArgument()))
+    if (GradFact &F = St[DRE->getDecl()]; F.requiresGrad() != Tri::Yes)
+      F = {GradKind::RequiresGrad, MC};
 }
 
 // --- GradFacts -----------------------------------------------------------------------------

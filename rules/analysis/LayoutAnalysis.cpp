@@ -394,7 +394,9 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
     for (const Expr *A : Args)
       if (const Expr *T = Model.tensorOperand(A))
         Facts[T] = evalTensor(T, S);
-  if (Op && Op->storage == sem::Storage::InPlace) {
+  // In-place ops return self, its layout unchanged (bar TT_RESHAPES_SELF),
+  // whether the table lists them or not (index_add_, masked_fill_).
+  if (sem::inPlaceKeepsLayout(Row)) {
     if (!SelfE)
       return unknownFact();
     TensorFact Self = evalTensor(SelfE, S);
@@ -402,8 +404,8 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
       Facts[SelfE] = Self;
     return Self;
   }
-  if (!Op && sem::isInPlaceName(Name))
-    return unknownFact(); // an in-place op the table does not describe
+  if (sem::isInPlaceName(Row))
+    return unknownFact(); // t_, resize_...: self's new layout is not followed
   if (!Model.isTensorExpr(Call))
     return unknownFact();
   if (!SelfE) {
@@ -831,15 +833,13 @@ void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
     }
   }
   const FunctionDecl *FD = Call->getDirectCallee();
-  // In-place ops that change the layout (t_, transpose_, resize_, set_...)
-  // are not table rows InPlace with layout Same: forget the handle.
+  // In-place ops that change the layout (TT_RESHAPES_SELF: t_, resize_,
+  // set_...) and swap: forget the handle.
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call)) {
     const VarDecl *V = varOf(MC->getImplicitObjectArgument());
     if (V && FD && FD->getIdentifier() && Model.isTensorType(V->getType())) {
-      const sem::OpInfo *Op = sem::lookup(FD->getName());
-      bool Keeps = Op && Op->layout == sem::Layout::Same &&
-                   (Op->storage == sem::Storage::InPlace || Op->storage == sem::Storage::None);
-      if ((!Keeps && sem::isInPlaceName(FD->getName())) || FD->getName() == "swap")
+      StringRef N = FD->getName();
+      if ((sem::isInPlaceName(N) && !sem::inPlaceKeepsLayout(N)) || N == "swap")
         S.T.erase(V);
     }
   }

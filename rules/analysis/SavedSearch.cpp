@@ -106,12 +106,51 @@ bool savesInputV(const GradFacts &G, const TensorModel &Model, const CallExpr *C
   return false;
 }
 
-// Init is an op call (or a view of one) that saved its result, recorded.
+// The variables a statement names (`ctx->save_for_backward({x, out})`).
+void namedVars(const Stmt *S, llvm::SmallPtrSetImpl<const ValueDecl *> &Out) {
+  if (!S)
+    return;
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(S))
+    Out.insert(DRE->getDecl());
+  for (const Stmt *C : S->children())
+    namedVars(C, Out);
+}
+
+// A custom Function's forward saves what it returns: every return names a
+// variable given to ctx->save_for_backward (autograd then checks its version).
+bool forwardSavesResult(const CXXMethodDecl *Fwd) {
+  llvm::SmallPtrSet<const ValueDecl *, 4> Saved;
+  llvm::SmallVector<const Stmt *, 32> Work{Fwd->getBody()};
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S);
+        MC && MC->getMethodDecl() && MC->getMethodDecl()->getIdentifier() &&
+        MC->getMethodDecl()->getName() == "save_for_backward")
+      for (const Expr *A : MC->arguments())
+        namedVars(A, Saved);
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+  llvm::SmallVector<const ReturnStmt *, 2> Returns;
+  collectReturns(Fwd->getBody(), Returns);
+  return !Returns.empty() && llvm::all_of(Returns, [&](const ReturnStmt *R) {
+    const auto *DRE = dyn_cast_or_null<DeclRefExpr>(stripHandle(R->getRetValue()));
+    return DRE && Saved.contains(DRE->getDecl());
+  });
+}
+
+// Init is an op call (or a view of one) that saved its result, recorded; or
+// a custom Function's apply() whose forward saved it.
 const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const Expr *Init) {
   const auto *Call = dyn_cast_or_null<CallExpr>(Init ? viewRoot(Init, Model) : nullptr);
-  if (!Call || !sem::savesResult(sem::savesOf(opName(Call, Model))) || !requiresGrad(G, Call))
+  if (!Call || !requiresGrad(G, Call))
     return nullptr;
-  return Call;
+  if (sem::savesResult(sem::savesOf(opName(Call, Model))))
+    return Call;
+  const CXXMethodDecl *Fwd = customFunctionForward(Call);
+  return Fwd && forwardSavesResult(Fwd) ? Call : nullptr;
 }
 
 // The saving op whose result every return of Call's callee gives (a function

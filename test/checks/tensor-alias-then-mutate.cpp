@@ -603,3 +603,35 @@ Tensor localContainer() {
   p.add_(1);
   return p;
 }
+
+// A member or out-parameter given an alias after the writes sees the written
+// data, as intended: only writes the store may precede count.
+struct Ratings {
+  Tensor m;
+  void fill(int n) {
+    Tensor r = tt::empty({n, 1});
+    for (int i = 0; i < n; ++i)
+      r[i] = i;
+    m = r.contiguous();
+  }
+  void writeAfterStore() {
+    Tensor r = tt::empty({4});
+    m = r.contiguous();
+    r.fill_(1);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'fill_' on 'r' may also change 'm': 'contiguous' returns its input
+  }
+  void storeInLoop(int n) {
+    Tensor r = tt::empty({4});
+    for (int i = 0; i < n; ++i) {
+      r.fill_(i);
+      // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'fill_' on 'r' may also change 'm': 'contiguous' returns its input
+      m = r.contiguous();
+    }
+  }
+};
+
+void outParamAfterWrites(Tensor &out, int n) {
+  Tensor r = tt::empty({n});
+  r.fill_(n);
+  out = r;
+}

@@ -234,3 +234,20 @@ void handedOn(Net &net, const std::vector<torch::Tensor> &xs, void (*consume)(st
     outs.push_back(net->forward(x));
   consume(outs);
 }
+
+// Gradient accumulation: the micro-batch sum starts from zeros({}) (no grad)
+// and may skip the inner loop, but once backward() has returned it requires grad.
+void microBatches(torch::nn::Linear &net, torch::optim::Optimizer &opt,
+                  const std::vector<torch::Tensor> &xs, int epochs, int accum) {
+  torch::Tensor epoch_loss = torch::zeros({});
+  for (int e = 0; e < epochs; ++e) {
+    torch::Tensor micro_total = torch::zeros({});
+    for (int k = 0; k < accum; ++k)
+      micro_total = micro_total + net->forward(xs[k]).pow(2).mean() / accum;
+    micro_total.backward();
+    opt.step();
+    epoch_loss += micro_total;
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'micro_total' requires grad and is accumulated into 'epoch_loss'
+    // CHECK-FIXES: {{^}}    epoch_loss += micro_total.detach();{{$}}
+  }
+}

@@ -322,3 +322,40 @@ void returnedNegatives(Squash &m, const torch::Tensor &x) {
   }
   (a + b + c + d).sum().backward();
 }
+
+// A custom autograd Function whose forward saves the tensor it returns: its
+// apply() result is saved like a table op's (autograd checks its version).
+struct ClippedLog : public torch::autograd::Function<ClippedLog> {
+  static Tensor forward(torch::autograd::AutogradContext *ctx, Tensor x) {
+    auto out = torch::log(x.clamp_min(1e-6));
+    ctx->save_for_backward({x, out});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list g) {
+    return {g[0] / ctx->get_saved_variables()[0]};
+  }
+};
+// Saves its input only: writing the result is fine.
+struct Doubled : public torch::autograd::Function<Doubled> {
+  static Tensor forward(torch::autograd::AutogradContext *ctx, Tensor x) {
+    ctx->save_for_backward({x});
+    return x * 2;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list g) {
+    return {g[0] * 2};
+  }
+};
+
+void customFunctions(torch::nn::Linear &fc, const Tensor &x) {
+  auto logs = ClippedLog::apply(torch::sigmoid(fc->forward(x)));
+  logs.sub_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: error: in-place 'sub_' on 'logs', which 'ClippedLog::apply' saved for backward (its result)
+  // CHECK-MESSAGES: :[[@LINE-3]]:15: note: 'ClippedLog::apply' saves its result for backward here
+  logs.sum().backward();
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: note: backward() runs here
+  auto twice = Doubled::apply(fc->forward(x));
+  twice.sub_(1);
+  twice.sum().backward();
+}

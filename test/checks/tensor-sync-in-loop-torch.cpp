@@ -128,3 +128,27 @@ std::vector<torch::Tensor> features(Net &model, const std::vector<torch::Tensor>
     out.push_back(model.forward(x.to(device)).to(torch::kCPU)); // host data is the result
   return out;
 }
+
+// Device facts follow any number of values computed from one another (here
+// five variables from the device to the item), and pair elements.
+struct TwoHeads : torch::nn::Module {
+  std::pair<torch::Tensor, torch::Tensor> forward(torch::Tensor x) { return {x, x}; }
+};
+
+double accuracy(torch::nn::Linear &model, const torch::Tensor &x, const torch::Tensor &y,
+                const torch::Tensor &idx, TwoHeads &heads, int epochs) {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  auto xs = x.to(device), ys = y.to(device), tidx = idx.to(device);
+  double acc_sum = 0;
+  for (int e = 0; e < epochs; ++e) {
+    auto logits = model->forward(xs);
+    auto correct = logits.argmax(1).eq(ys);
+    auto acc = correct.index_select(0, tidx).to(torch::kFloat).mean();
+    acc_sum += acc.item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:20: warning: 'item' of 'acc' (on CUDA whenever cuda::is_available())
+    auto out = heads.forward(xs);
+    acc_sum += torch::sigmoid(out.first).mean().item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:49: warning: 'item' of 'torch::sigmoid(out.first).mean()' (on CUDA
+  }
+  return acc_sum;
+}

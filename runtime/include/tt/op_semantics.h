@@ -153,6 +153,26 @@ constexpr bool isInPlaceName(std::string_view name) {
   return name.size() > 1 && name.back() == '_' && name[name.size() - 2] != '_';
 }
 
+// ops.def's TT_RESHAPES_SELF section: in-place ops that change self's layout.
+inline constexpr std::string_view kReshapesSelf[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_RESHAPES_SELF(Name) #Name,
+#include "tt/ops.def"
+#undef TT_RESHAPES_SELF
+#undef TT_OP
+};
+
+// An in-place op (isInPlaceName) that leaves self's sizes, strides, dtype and
+// device as they were: all but TT_RESHAPES_SELF.
+constexpr bool inPlaceKeepsLayout(std::string_view name) {
+  if (!isInPlaceName(name))
+    return false;
+  for (std::string_view r : kReshapesSelf)
+    if (r == name)
+      return false;
+  return true;
+}
+
 constexpr std::string_view toString(Storage s) {
   switch (s) {
   case Storage::View: return "view";
