@@ -1,20 +1,75 @@
 // REQUIRES: torch
-// RUN: %check_tensor_tidy %s tensor-view-non-contiguous %t -- --quiet -- %torch_include
-// RUN: %check_tensor_tidy --runner=clang-tidy %s tensor-view-non-contiguous %t.plugin -- --fix-errors -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-view-non-contiguous %t -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-view-non-contiguous %t.plugin -- --fix-errors -- %torch_include
 #include <torch/torch.h>
 
-using torch::Tensor;
+torch::Tensor certain() {
+  auto x = torch::randn({3, 4});
+  return x.t().view({12});
+  // CHECK-MESSAGES: :[[@LINE-1]]:16: error: 'view' on the non-contiguous result of 't' always throws at run time: sizes [4, 3] with strides [1, 4] cannot be viewed as [12]
+  // CHECK-FIXES: return x.t().contiguous().view({12});
+}
+
+torch::Tensor mergeHeads(const torch::Tensor &y, int64_t B, int64_t T, int64_t nh, int64_t hs) {
+  auto att = y.view({B, T, nh, hs}).transpose(1, 2); // [B, nh, T, hs]
+  return att.view({B, T, nh * hs});
+  // CHECK-MESSAGES: :[[@LINE-1]]:14: warning: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1 (assuming 'y' is contiguous, as nearly all tensors are)
+  // CHECK-FIXES: return att.contiguous().view({B, T, nh * hs});
+}
+
+torch::Tensor matrix(const torch::Tensor &w) {
+  return torch::transpose(w, 0, 1).view(-1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:36: warning: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1 (assuming 'w' is contiguous
+  // CHECK-FIXES: return torch::transpose(w, 0, 1).reshape(-1);
+}
+
+void negatives(const torch::Tensor &x, int64_t B, int64_t T, int64_t nh, int64_t hs) {
+  torch::randn({3, 4}).t().view({4, 3});              // the transposed shape
+  x.view({B, T, nh, hs}).transpose(1, 2).view({B, nh, T, hs}); // no merge
+  x.view({B, T, nh, hs}).transpose(1, 2).contiguous().view({B, T, nh * hs});
+  torch::zeros({2, 3, 4}).permute({0, 2, 1}).view({2, 12}).sum(); // merges 4 and 3: no
+  // CHECK-MESSAGES: :[[@LINE-1]]:46: error: 'view' on the non-contiguous result of 'permute' always throws
+}
+
+// expand of a tensor whose sizes the code does not show: the target names the
+// rank, and a dim it changes is taken as the broadcast size-1 dim it must be.
+torch::Tensor headsMask(const torch::Tensor &pad_mask, int64_t n_heads) {
+  auto B = pad_mask.size(0), T = pad_mask.size(2);
+  auto m = pad_mask.expand({B, n_heads, T, T});
+  return m.view({B * n_heads, T, T});
+  // CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'view' on the non-contiguous result of 'expand' throws at run time unless the dimensions it merges have size 1 (assuming 'pad_mask' is contiguous
+  // CHECK-FIXES: return m.contiguous().view({B * n_heads, T, T});
+}
+
+torch::Tensor alibiFlat(const torch::Tensor &slopes, const torch::Tensor &scores) {
+  auto bias = slopes.view({1, -1, 1, 1}).expand_as(scores);
+  return bias.view({-1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:15: warning: 'view' on the non-contiguous result of 'expand_as' throws at run time
+  // CHECK-FIXES: return bias.contiguous().view({-1});
+}
+
+// Look-alikes: merging only dims expand kept, expanding a new leading dim.
+torch::Tensor expandNegatives(const torch::Tensor &pad_mask, const torch::Tensor &pos,
+                              const torch::Tensor &slopes, const torch::Tensor &scores,
+                              int64_t n_heads) {
+  auto B = pad_mask.size(0), T = pad_mask.size(2);
+  auto m = pad_mask.expand({B, n_heads, T, T}).view({B, n_heads, T * T});
+  auto p = pos.unsqueeze(0).expand({B, -1, -1}).view({B, -1});
+  auto s = slopes.view({1, -1, 1, 1}).expand_as(scores).sum();
+  return m.sum() + p.sum() + s;
+}
 
 // In-place ops outside the table (index_add_, masked_fill_) return self with
 // its layout: the transpose of their result is still not viewable.
-Tensor gatherHeads(const Tensor &h, const Tensor &dst, const Tensor &msg, int64_t n) {
+torch::Tensor gatherHeads(const torch::Tensor &h, const torch::Tensor &dst, const torch::Tensor &msg,
+                          int64_t n) {
   auto agg = torch::zeros({4, n, h.size(2)}, h.options()).index_add_(1, dst, msg);
   auto nodeMajor = agg.transpose(0, 1);
   return nodeMajor.view({n, -1});
   // CHECK-MESSAGES: :[[@LINE-1]]:20: error: 'view' on the non-contiguous result of 'transpose'
 }
 
-Tensor ctcTimeMajor(const Tensor &feats, const Tensor &pad) {
+torch::Tensor ctcTimeMajor(const torch::Tensor &feats, const torch::Tensor &pad) {
   auto logProbs = torch::log_softmax(feats, 2);
   logProbs.masked_fill_(pad.unsqueeze(2), 0.0);
   auto tm = logProbs.transpose(0, 1);
@@ -23,7 +78,7 @@ Tensor ctcTimeMajor(const Tensor &feats, const Tensor &pad) {
 }
 
 // t_ transposes self back (TT_RESHAPES_SELF): its layout is not followed.
-Tensor transposedBack(const Tensor &x) {
+torch::Tensor transposedBack(const torch::Tensor &x) {
   auto y = x.transpose(0, 1);
   y.t_();
   return y.view({-1});
