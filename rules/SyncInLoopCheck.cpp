@@ -69,6 +69,47 @@ bool underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
   }
 }
 
+bool contains(const Stmt *S, const Stmt *X) {
+  return S == X || llvm::any_of(S->children(), [&](const Stmt *C) { return C && contains(C, X); });
+}
+
+// A training or evaluation step: backward(), an optimizer's step(), a module call.
+bool isStep(const Stmt *S) {
+  const auto *Call = dyn_cast<CallExpr>(S);
+  if (!Call)
+    return false;
+  if (isModuleCall(Call))
+    return true;
+  const auto *MD = dyn_cast_or_null<CXXMethodDecl>(Call->getDirectCallee());
+  return MD && (isModuleForward(MD) ||
+                (MD->getIdentifier() && llvm::is_contained({"backward", "step"}, MD->getName())));
+}
+
+// S makes a step, outside lambdas it writes.
+bool runsStep(const Stmt *S) {
+  if (!S || isa<LambdaExpr>(S))
+    return false;
+  return isStep(S) || llvm::any_of(S->children(), runsStep);
+}
+
+// Loop runs a loop of steps beside the sync (`for (epoch) { for (batch) {...}
+// log(loss.item()); }`): the sync waits once per pass over the data, not per step.
+bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
+  llvm::SmallVector<const Stmt *, 32> Work{loopBody(Loop)};
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S || isa<LambdaExpr>(S))
+      continue;
+    if (isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S) && !contains(S, Sync)) {
+      if (runsStep(S))
+        return true;
+      continue;
+    }
+    Work.append(S->child_begin(), S->child_end());
+  }
+  return false;
+}
+
 bool isOstream(QualType T) {
   const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
   if (!RD || !RD->hasDefinition())
@@ -329,7 +370,8 @@ void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   ASTContext &Ctx = *Result.Context;
   const Stmt *Loop = Call ? LoopAnalysis::loopRunning(Call, Ctx) : nullptr;
   DeviceFacts *DF = Loop ? AnalysisManager::get(Model, Ctx).devicesAt(Call) : nullptr;
-  if (!DF || !Call->getMethodDecl() || underCondition(Call, Loop, Ctx))
+  if (!DF || !Call->getMethodDecl() || underCondition(Call, Loop, Ctx) ||
+      besideStepLoop(Call, Loop))
     return;
   std::optional<SyncSite> S = syncSite(Call, Model, *DF, Ctx);
   if (!S)

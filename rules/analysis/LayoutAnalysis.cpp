@@ -291,8 +291,13 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   if (!E)
     return unknownFact();
   if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
-    const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
-    return VD ? evalVar(VD, DRE, S) : unknownFact();
+    if (const auto *VD = dyn_cast<VarDecl>(DRE->getDecl()))
+      return evalVar(VD, DRE, S);
+    // `auto [out, state] = lstm->forward(x)`: a result of a call, as assumedResult.
+    if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl()); BD && Model.isTensorExpr(E)) {
+      return assumedInput(BD, "'" + BD->getNameAsString() + "'");
+    }
+    return unknownFact();
   }
   if (const auto *CO = dyn_cast<ConditionalOperator>(E))
     return layout::join(evalTensor(CO->getTrueExpr(), S), evalTensor(CO->getFalseExpr(), S));

@@ -131,6 +131,10 @@ static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime) {
     if (CE->getNumArgs() == 0)
       return TensorFact::CPU;
     TensorFact::DeviceKind D = deviceOf(CE->getArg(0), &Runtime);
+    std::string Ty = CE->getArg(0)->getType().getAsString();
+    if (D == TensorFact::AnyDevice &&
+        (Ty.find("ScalarType") != std::string::npos || Ty.find("TypeMeta") != std::string::npos))
+      return TensorFact::CPU; // zeros({n}, kLong): a dtype, the default device
     return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0), Runtime) : D;
   }
   const auto *Call = dyn_cast<CallExpr>(E);
@@ -845,6 +849,23 @@ TensorFact LayoutAnalysis::Impl::cloneOp(const OpCall &C) {
   return R;
 }
 
+// The tensor whose dtype A names (`x.dtype()`, `x.scalar_type()`), or null.
+static const Expr *dtypeSource(const Expr *A, const TensorModel &Model) {
+  for (int I = 0; A && I < 6; ++I) { // through the conversions to TensorOptions
+    A = stripHandle(A)->IgnoreImplicit();
+    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(A)) {
+      const CXXMethodDecl *MD = MC->getMethodDecl();
+      const Expr *Of = MC->getImplicitObjectArgument()->IgnoreImpCasts(); // past TensorBase
+      bool Names =
+          MD && MD->getIdentifier() && (MD->getName() == "dtype" || MD->getName() == "scalar_type");
+      return Names && Model.isTensorExpr(Of) ? Of : nullptr;
+    }
+    const auto *CE = dyn_cast<CXXConstructExpr>(A);
+    A = CE && CE->getNumArgs() >= 1 ? CE->getArg(0) : nullptr;
+  }
+  return nullptr;
+}
+
 ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
   ConversionTarget T;
   if (C.Name == "cpu")
@@ -857,6 +878,13 @@ ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
       T.DType = {O.DType, O.ElemSize};
       T.Device = C.Name == "type_as" ? TensorFact::AnyDevice : O.Device;
       T.DeviceRuntime = O.DeviceRuntime || O.DeviceAssumed;
+      continue;
+    }
+    if (const Expr *Of = dtypeSource(A, Model)) { // to(other.dtype()): other's dtype
+      TensorFact O = evalTensor(Of, C.S);
+      if (!T.DType.Size && !O.DType.empty())
+        T.DType = {O.DType, O.ElemSize};
+      T.Unresolved |= O.DType.empty();
       continue;
     }
     DTypeName D = dtypeIn(A);

@@ -107,3 +107,23 @@ torch::Tensor scaleInput(const torch::Tensor &frame) {
   // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'div_' on 'f' may also change 'frame': 'to' returns its input, not a copy, when it can
   return f;
 }
+
+// `to(other.dtype())` converts to other's dtype: a bool mask to the (assumed
+// float) dtype of a parameter or of a structured binding's tensor copies.
+torch::Tensor maskWeights(torch::nn::LSTM &lstm, const torch::Tensor &x, const torch::Tensor &len) {
+  auto [out, state] = lstm->forward(x);
+  auto mask = torch::arange(x.size(1)).unsqueeze(0) < len.unsqueeze(1);
+  auto w = mask.to(out.dtype());
+  w.div_(len.unsqueeze(1));
+  auto v = mask.to(x.scalar_type());
+  v.mul_(2);
+  return w + v + mask;
+}
+
+// The same dtype: `to` returns its input.
+torch::Tensor sameDtype(const torch::Tensor &x, const torch::Tensor &y) {
+  auto z = x.to(y.dtype());
+  z.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'z' may also change 'x'
+  return z;
+}

@@ -126,3 +126,10 @@ void moduleOutputNegatives(torch::nn::Linear &clf, Head &head, const torch::Tens
   head.forward(in).eq(labels.cuda());            // nor here
   clf(x).argmax(1).eq(labels.to(x.device()));    // moved to the input's device
 }
+
+// A factory given only a dtype makes a CPU tensor (the default device).
+void hostCounts(const torch::Tensor &labels) {
+  auto hist = torch::zeros({10}, torch::kLong);
+  hist += labels.cuda();
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: error: '+=' combines the CPU tensor 'hist' with 'labels.cuda()'
+}
