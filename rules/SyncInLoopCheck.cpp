@@ -100,7 +100,7 @@ bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
     const Stmt *S = Work.pop_back_val();
     if (!S || isa<LambdaExpr>(S))
       continue;
-    if (isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S) && !contains(S, Sync)) {
+    if (isLoop(S) && !contains(S, Sync)) {
       if (runsStep(S))
         return true;
       continue;

@@ -221,6 +221,8 @@ void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Ou
     collectReturns(C, Out);
 }
 
+bool isLoop(const Stmt *S) { return isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S); }
+
 const Stmt *loopBody(const Stmt *Loop) {
   if (const auto *F = dyn_cast<ForStmt>(Loop))
     return F->getBody();

@@ -86,6 +86,9 @@ const VarDecl *initialisedVar(const Expr *E, ASTContext &Ctx);
 /// The `return` statements of a body, not those of lambdas in it.
 void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out);
 
+/// A for, range-for, while or do loop.
+bool isLoop(const Stmt *S);
+
 /// The body of a for, range-for, while or do loop.
 const Stmt *loopBody(const Stmt *Loop);
 

@@ -48,7 +48,7 @@ bool isDeviceLikeType(QualType T) {
 bool isPairElement(const MemberExpr *ME) {
   const auto *Field = dyn_cast<FieldDecl>(ME->getMemberDecl());
   const auto *Pair = Field ? dyn_cast<CXXRecordDecl>(Field->getParent()) : nullptr;
-  return Pair && Pair->getName() == "pair" && Pair->isInStdNamespace();
+  return Pair && Pair->getIdentifier() && Pair->getName() == "pair" && Pair->isInStdNamespace();
 }
 
 StringRef calleeName(const CallExpr *C) {

@@ -294,9 +294,8 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     if (const auto *VD = dyn_cast<VarDecl>(DRE->getDecl()))
       return evalVar(VD, DRE, S);
     // `auto [out, state] = lstm->forward(x)`: a result of a call, as assumedResult.
-    if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl()); BD && Model.isTensorExpr(E)) {
+    if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl()); BD && Model.isTensorExpr(E))
       return assumedInput(BD, "'" + BD->getNameAsString() + "'");
-    }
     return unknownFact();
   }
   if (const auto *CO = dyn_cast<ConditionalOperator>(E))

@@ -12,8 +12,6 @@ namespace clang::tidy::tensor {
 
 namespace {
 
-bool isLoop(const Stmt *S) { return isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S); }
-
 // Methods that copy data into a container or keep the argument.
 bool isStoreName(llvm::StringRef N) {
   return llvm::StringSwitch<bool>(N)
