@@ -2,6 +2,7 @@
 
 #include "analysis/AstHelpers.h"
 #include "analysis/Dataflow.h"
+#include "analysis/RnnModules.h"
 
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/DeclCXX.h"
@@ -294,8 +295,11 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     if (const auto *VD = dyn_cast<VarDecl>(DRE->getDecl()))
       return evalVar(VD, DRE, S);
     // `auto [out, state] = lstm->forward(x)`: a result of a call, as assumedResult.
-    if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl()); BD && Model.isTensorExpr(E))
+    if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl()); BD && Model.isTensorExpr(E)) {
+      if (const CallExpr *Rnn = rnnOutputCall(DRE))
+        return rnnOutput(DRE, Rnn, S);
       return assumedInput(BD, "'" + BD->getNameAsString() + "'");
+    }
     return unknownFact();
   }
   if (const auto *CO = dyn_cast<ConditionalOperator>(E))
@@ -367,6 +371,8 @@ TensorFact LayoutAnalysis::Impl::evalCall(const CallExpr *Call, State &S) {
   const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
   if (MC && isModuleForward(MC->getMethodDecl()) && Call->getNumArgs())
     return moduleResult(Call, FD, Call->getArg(0), S);
+  if (const CallExpr *Rnn = Model.isTensorExpr(Call) ? rnnOutputCall(Call) : nullptr)
+    return rnnOutput(Call, Rnn, S); // std::get<0>(lstm(x))
   if ((MC && !Model.isTensorExpr(MC->getImplicitObjectArgument())) ||
       (!MC && !isTensorApi(FD) && !isStdMoveLike(Call)))
     if (std::optional<TensorFact> R = calleeResult(Call, FD))
@@ -450,8 +456,11 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
   if (!Model.isTensorExpr(Call))
     return unknownFact();
   std::optional<TensorFact> R = FD ? calleeResult(Call, FD) : std::nullopt;
-  TensorFact F = R ? *R : assumedResult(Call);
-  const Expr *T = Model.tensorOperand(Input);
+  return onInputDevice(R ? *R : assumedResult(Call), Model.tensorOperand(Input), S);
+}
+
+// F, a module's output, on the device of its input T when F's own is not known.
+TensorFact LayoutAnalysis::Impl::onInputDevice(TensorFact F, const Expr *T, State &S) {
   if (!T || (F.Device != TensorFact::AnyDevice && !F.DeviceAssumed))
     return F;
   TensorFact In = evalTensor(T, S);
@@ -463,6 +472,31 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
   if (In.DeviceAssumed)
     F.KindSource = In.KindSource;
   return F;
+}
+
+// The input a module call runs on: `m(x)` or `m->forward(x)`.
+static const Expr *moduleInput(const CallExpr *Call) {
+  unsigned First = isModuleCall(Call) ? 1 : 0;
+  return Call->getNumArgs() > First ? Call->getArg(First) : nullptr;
+}
+
+// Element 0 of a recurrent module's output, E (Note [batch_first RNN outputs]
+// in RnnModules.h): batch_first, on an input not known to be unbatched, a
+// [B, T, H] transposed from [T, B, H]; otherwise the result of a call. On
+// its input's device, as every module's output.
+TensorFact LayoutAnalysis::Impl::rnnOutput(const Expr *E, const CallExpr *Rnn, State &S) {
+  TensorFact F = assumedResult(E);
+  const Expr *In = Model.tensorOperand(moduleInput(Rnn));
+  TensorFact InF = In ? evalTensor(In, S) : unknownFact();
+  if (rnnBatchFirst(Rnn) == true && !(InF.Sizes && InF.Sizes->size() == 2)) {
+    Shape Sz = {ST.sym(Rnn, 1), ST.sym(Rnn, 2), ST.sym(Rnn, 3)};
+    setLayout(F, Sz, {Sz[2], ST.mul(Sz[0], Sz[2]), Mono::constant(1)});
+    F.AssumedSource.clear(); // sizes > 1 only: the message names the module
+    F.Src = F.Root = Rnn;
+    F.Origin = ("batch_first " + rnnKind(Rnn)).str();
+    F.OriginLoc = Rnn->getExprLoc();
+  }
+  return onInputDevice(F, In, S);
 }
 
 // A callee's fact in this function: its symbols fresh for this call, its

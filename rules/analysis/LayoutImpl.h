@@ -110,6 +110,8 @@ public:
   std::optional<TensorFact> calleeResult(const CallExpr *Call, const FunctionDecl *FD);
   TensorFact moduleResult(const CallExpr *Call, const FunctionDecl *FD, const Expr *Input,
                           State &S);
+  TensorFact onInputDevice(TensorFact F, const Expr *T, State &S);
+  TensorFact rnnOutput(const Expr *E, const CallExpr *Rnn, State &S);
   TensorFact importFact(const TensorFact &F, const CallExpr *Call, const FunctionDecl *FD);
   void recordReturn(const ReturnStmt *RS, State &S);
   std::optional<Mono> evalSizeQuery(const Expr *E, State &S);

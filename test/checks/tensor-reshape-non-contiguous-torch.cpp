@@ -109,3 +109,27 @@ void helperNegatives(const torch::Tensor &x, Base &b, int64_t frame) {
   x.unfold(1, frame, 2).reshape({x.size(0), x.size(1), -1, frame}); // keeps every run
   splitHeads(x, 4, width(x) / 4).reshape({x.size(0), 4, x.size(1), -1}); // splits only
 }
+
+// A batch_first GRU's output is its [seq, batch, hidden] result transposed
+// (Note [batch_first RNN outputs]): merging batch and time copies it.
+struct SeqClassifierImpl : torch::nn::Module {
+  SeqClassifierImpl(int64_t in, int64_t hidden, int64_t classes) {
+    gru = register_module("gru", torch::nn::GRU(torch::nn::GRUOptions(in, hidden).batch_first(true)));
+    head = register_module("head", torch::nn::Linear(hidden, classes));
+  }
+  torch::Tensor perStep(torch::Tensor x) {
+    auto [out, h] = gru->forward(x);
+    return head(out.flatten(0, 1));
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'flatten' silently copies the non-contiguous result of 'batch_first GRU'
+  }
+  torch::Tensor applied(torch::Tensor x) {
+    auto [out, h] = gru->forward(x);
+    return head(out).reshape({-1, out.size(1)}); // the Linear's output is fresh
+  }
+  torch::Tensor split(torch::Tensor x) {
+    auto [out, h] = gru->forward(x);
+    return out.reshape({out.size(0), out.size(1), 2, -1}); // splits the last dim only: a view
+  }
+  torch::nn::GRU gru{nullptr};
+  torch::nn::Linear head{nullptr};
+};

@@ -83,3 +83,86 @@ torch::Tensor transposedBack(const torch::Tensor &x) {
   y.t_();
   return y.view({-1});
 }
+
+// A batch_first LSTM/GRU/RNN returns its [seq, batch, hidden] output
+// transposed (Note [batch_first RNN outputs]): no view to fewer dims.
+struct TaggerImpl : torch::nn::Module {
+  TaggerImpl(int64_t in, int64_t hidden) : hidden_(hidden) {
+    lstm = register_module(
+        "lstm", torch::nn::LSTM(torch::nn::LSTMOptions(in, hidden).batch_first(true)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto out = std::get<0>(lstm->forward(x));
+    return out.view({-1, hidden_});
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'view' on the non-contiguous result of 'batch_first LSTM' throws at run time unless the dimensions it merges have size 1
+    // CHECK-MESSAGES: :[[@LINE-3]]:34: note: made non-contiguous here by 'batch_first LSTM'
+    // CHECK-FIXES: return out.contiguous().view({-1, hidden_});
+  }
+  // The last step of each sequence is a contiguous [B, H].
+  torch::Tensor lastStep(torch::Tensor x) {
+    auto [out, state] = lstm->forward(x);
+    return out.select(1, -1).view({x.size(0), -1});
+  }
+  torch::Tensor copied(torch::Tensor x) {
+    auto out = std::get<0>(lstm(x));
+    return out.contiguous().view({-1, hidden_});
+  }
+  // h_n is [layers, B, H] and contiguous whatever batch_first says.
+  torch::Tensor hidden(torch::Tensor x) {
+    auto [out, state] = lstm->forward(x);
+    return std::get<0>(state).view({-1, hidden_});
+  }
+  int64_t hidden_;
+  torch::nn::LSTM lstm{nullptr};
+};
+
+struct GruEncoderImpl : torch::nn::Module {
+  GruEncoderImpl(int64_t in, int64_t hidden) {
+    auto opts = torch::nn::GRUOptions(in, hidden).num_layers(2);
+    opts.batch_first(true);
+    gru = register_module("gru", torch::nn::GRU(opts));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto res = gru(x);
+    auto out = std::get<0>(res);
+    return out.view({out.size(0) * out.size(1), out.size(2)});
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'view' on the non-contiguous result of 'batch_first GRU'
+  }
+  torch::nn::GRU gru{nullptr};
+};
+
+// Sequence-first (the default), or a flag the TU does not show: not reported.
+struct SeqFirstImpl : torch::nn::Module {
+  SeqFirstImpl(int64_t in, int64_t hidden) : gru(torch::nn::GRUOptions(in, hidden)) {
+    register_module("gru", gru);
+  }
+  torch::Tensor forward(torch::Tensor x) { return std::get<0>(gru(x)).view({-1, 8}); }
+  torch::nn::GRU gru;
+};
+struct ConfiguredImpl : torch::nn::Module {
+  ConfiguredImpl(int64_t in, bool batchFirst) {
+    lstm = register_module(
+        "lstm", torch::nn::LSTM(torch::nn::LSTMOptions(in, 16).batch_first(batchFirst)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return std::get<0>(lstm(x)).view({-1, 16}); }
+  torch::nn::LSTM lstm{nullptr};
+};
+struct GivenImpl : torch::nn::Module {
+  explicit GivenImpl(torch::nn::LSTMOptions o) : lstm(o) {}
+  torch::Tensor forward(torch::Tensor x) { return std::get<0>(lstm(x)).view({-1, 16}); }
+  torch::nn::LSTM lstm;
+};
+torch::Tensor unbatched(torch::nn::RNN rnn, int64_t t) {
+  torch::nn::RNN local(torch::nn::RNNOptions(4, 8).batch_first(true));
+  return std::get<0>(local->forward(torch::randn({t, 4}))).view({-1});
+}
+
+torch::Tensor padded(torch::nn::LSTM lstm, torch::Tensor x, torch::Tensor lens) {
+  namespace rnn = torch::nn::utils::rnn;
+  auto packed = std::get<0>(lstm->forward_with_packed_input(rnn::pack_padded_sequence(x, lens, true)));
+  auto [seqFirst, l1] = rnn::pad_packed_sequence(packed);
+  auto [batchFirst, l2] = rnn::pad_packed_sequence(packed, /*batch_first=*/true);
+  return seqFirst.view({-1, 8}) + batchFirst.view({-1, 8});
+  // CHECK-MESSAGES: :[[@LINE-1]]:46: warning: 'view' on the non-contiguous result of 'batch_first pad_packed_sequence'
+  // CHECK-MESSAGES: :[[@LINE-3]]:27: note: made non-contiguous here by 'batch_first pad_packed_sequence'
+}
