@@ -68,6 +68,7 @@ std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *
     InLayout.erase(Callee);
     return R;
   });
+  L->setDeviceVars(devicesAt(FD->getBody()));
   InLayout.insert(FD);
   L->run(FD);
   InLayout.erase(FD);

@@ -142,6 +142,20 @@ llvm::StringRef operatorOpName(const CXXOperatorCallExpr *OC) {
     return "eq";
   case OO_ExclaimEqual:
     return "ne";
+  case OO_Amp:
+    return OC->getNumArgs() == 2 ? "bitwise_and" : "";
+  case OO_Pipe:
+    return "bitwise_or";
+  case OO_Caret:
+    return "bitwise_xor";
+  case OO_Tilde:
+    return "bitwise_not";
+  case OO_AmpEqual:
+    return "bitwise_and_";
+  case OO_PipeEqual:
+    return "bitwise_or_";
+  case OO_CaretEqual:
+    return "bitwise_xor_";
   default:
     return "";
   }

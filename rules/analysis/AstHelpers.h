@@ -66,7 +66,7 @@ const FunctionDecl *readableCallee(const FunctionDecl *FD);
 bool isTensorApi(const FunctionDecl *FD);
 
 /// The op of the table a tensor operator stands for: `a + b` is add, `a > b`
-/// gt, `a += b` add_; "" for other operators.
+/// gt, `a += b` add_, `m | n` bitwise_or; "" for other operators.
 llvm::StringRef operatorOpName(const CXXOperatorCallExpr *OC);
 
 /// The function or lambda call operator whose body contains S (null if none).

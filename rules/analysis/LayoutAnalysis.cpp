@@ -132,7 +132,7 @@ DTypeName dtypeIn(const Stmt *S) {
 // expression (kCUDA, a torch::Device variable) an accelerator, since code
 // that moves tensors to a device it computes targets one. *Runtime is set when
 // the device is a run-time value rather than a constant (it may be the CPU).
-TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime) {
+TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime, DeviceFacts *Vars) {
   // Through the implicit conversions to TensorOptions / optional<Device>.
   for (int I = 0; A && I < 6; ++I) {
     A = stripHandle(A)->IgnoreImplicit();
@@ -149,13 +149,17 @@ TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime) {
     if (D->getIdentifier() && D->getName().ends_with("CPU"))
       return TensorFact::CPU;
     const auto *VD = dyn_cast<VarDecl>(D);
+    // `torch::Device device(torch::kCUDA);`: what every value it is given names.
+    if (DeviceKnown K = VD && Vars ? Vars->deviceNamed(DRE) : DeviceKnown::Unknown;
+        K == DeviceKnown::CUDA || K == DeviceKnown::NotCUDA)
+      return K == DeviceKnown::CUDA ? TensorFact::Accelerator : TensorFact::CPU;
     if (Runtime && !isa<EnumConstantDecl>(D) && !(VD && VD->isConstexpr()))
       *Runtime = true;
     return TensorFact::Accelerator;
   }
   if (const auto *CE = dyn_cast<CXXConstructExpr>(A); CE && CE->getNumArgs() >= 1)
-    return deviceOf(CE->getArg(0), Runtime) == TensorFact::CPU ? TensorFact::CPU
-                                                               : TensorFact::Accelerator;
+    return deviceOf(CE->getArg(0), Runtime, Vars) == TensorFact::CPU ? TensorFact::CPU
+                                                                     : TensorFact::Accelerator;
   if (const auto *S = dyn_cast<StringLiteral>(A))
     return S->getString().starts_with("cpu") ? TensorFact::CPU : TensorFact::Accelerator;
   if (Runtime)
@@ -376,7 +380,7 @@ TensorFact LayoutAnalysis::Impl::evalCall(const CallExpr *Call, State &S) {
   if ((MC && !Model.isTensorExpr(MC->getImplicitObjectArgument())) ||
       (!MC && !isTensorApi(FD) && !isStdMoveLike(Call)))
     if (std::optional<TensorFact> R = calleeResult(Call, FD))
-      return *R;
+      return onArgsDevice(*R, Call, S);
   if (MC) {
     if (!Model.isTensorExpr(MC->getImplicitObjectArgument()))
       return Model.isTensorExpr(Call) ? assumedResult(Call) : unknownFact();
@@ -456,7 +460,52 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
   if (!Model.isTensorExpr(Call))
     return unknownFact();
   std::optional<TensorFact> R = FD ? calleeResult(Call, FD) : std::nullopt;
-  return onInputDevice(R ? *R : assumedResult(Call), Model.tensorOperand(Input), S);
+  const Expr *T = Model.tensorOperand(Input);
+  TensorFact F = R ? *R : assumedResult(Call);
+  if (!R && T && isLinearCall(Call)) { // [*, in] -> [*, out], a fresh contiguous tensor
+    TensorFact In = evalTensor(T, S);
+    if (In.Sizes && !In.Sizes->empty()) {
+      Shape Sz = *In.Sizes;
+      Sz.back() = ST.sym(Call, (std::int64_t)Sz.size());
+      setContiguous(F, Sz);
+      F.Src = F.Root = Call;
+    }
+  }
+  return onInputDevice(F, T, S);
+}
+
+// `fc(x)` / `fc->forward(x)` of a torch::nn::Linear.
+bool LayoutAnalysis::Impl::isLinearCall(const CallExpr *Call) {
+  const CXXRecordDecl *RD = nullptr;
+  if (isModuleCall(Call))
+    RD = cast<CXXOperatorCallExpr>(Call)->getArg(0)->IgnoreParenImpCasts()->getType()
+             .getNonReferenceType()->getAsCXXRecordDecl(); // not ModuleHolder<LinearImpl>
+  else if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
+    RD = MC->getMethodDecl()->getParent();
+  if (!RD || !RD->getIdentifier() || !inNamespacePath(RD, "torch::nn::"))
+    return false;
+  return RD->getName() == "Linear" || RD->getName() == "LinearImpl";
+}
+
+// F, what a function of the TU returns, on the device its tensor arguments
+// share when F's is only its inputs' default (the summary does not depend on
+// the arguments: `scale(x)` returning `x.to(kFloat)` is on x's device).
+TensorFact LayoutAnalysis::Impl::onArgsDevice(TensorFact F, const CallExpr *Call, State &S) {
+  if (F.Device != TensorFact::AnyDevice && !F.DeviceAssumed)
+    return F;
+  const Expr *Shown = nullptr;
+  TensorFact::DeviceKind D = TensorFact::AnyDevice;
+  for (const Expr *A : Call->arguments()) {
+    const Expr *T = Model.tensorOperand(A);
+    TensorFact AF = T ? evalTensor(T, S) : unknownFact();
+    if (AF.Device == TensorFact::AnyDevice || AF.DeviceAssumed)
+      continue;
+    if (Shown && AF.Device != D)
+      return F; // arguments on two devices: the summary cannot say which
+    Shown = T;
+    D = AF.Device;
+  }
+  return onInputDevice(F, Shown, S);
 }
 
 // F, a module's output, on the device of its input T when F's own is not known.
@@ -956,6 +1005,7 @@ LayoutAnalysis::~LayoutAnalysis() = default;
 
 void LayoutAnalysis::run(const FunctionDecl *FD) { P->run(FD); }
 void LayoutAnalysis::setCallees(CalleeFn F) { P->Callees = std::move(F); }
+void LayoutAnalysis::setDeviceVars(DeviceFacts *D) { P->DeviceVars = D; }
 const std::optional<TensorFact> &LayoutAnalysis::returnFact() const { return P->Returned; }
 
 const TensorFact *LayoutAnalysis::factOf(const Expr *E) const {

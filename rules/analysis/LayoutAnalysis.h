@@ -23,6 +23,8 @@
 
 namespace clang::tidy::tensor {
 
+class DeviceFacts;
+
 /// What is known about one tensor value.
 struct TensorFact {
   enum ContigKind : std::uint8_t { Unknown, Yes, No };
@@ -136,6 +138,10 @@ public:
   /// returns; null when unavailable (no body, a recursive call).
   using CalleeFn = std::function<const LayoutAnalysis *(const FunctionDecl *)>;
   void setCallees(CalleeFn F);
+  /// The function's device facts, for the devices its variables hold
+  /// (`torch::Device device(torch::kCUDA)`); without them such a device is a
+  /// run-time value.
+  void setDeviceVars(DeviceFacts *D);
 
   /// Analyses the body of a function (or a lambda's call operator).
   void run(const FunctionDecl *FD);

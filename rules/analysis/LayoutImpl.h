@@ -2,6 +2,7 @@
 // LayoutOps.cpp: one handler per op family).
 #pragma once
 
+#include "analysis/DeviceFacts.h"
 #include "analysis/LayoutAnalysis.h"
 
 #include "clang/AST/ASTContext.h"
@@ -19,7 +20,8 @@ struct DTypeName {
 };
 DTypeName dtypeNamed(llvm::StringRef N);
 DTypeName dtypeIn(const Stmt *S);
-TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime = nullptr);
+TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime = nullptr,
+                                DeviceFacts *Vars = nullptr);
 TensorFact unknownFact();
 TensorFact assumedInput(const void *Src, std::string Source);
 TensorFact freshContiguous(const void *Src);
@@ -90,6 +92,9 @@ public:
   llvm::DenseMap<const CallExpr *, ConversionQuery> Conversions;
   LayoutAnalysis::CalleeFn Callees;
   std::optional<TensorFact> Returned;
+  DeviceFacts *DeviceVars = nullptr; // what device variables hold (null: run-time values)
+
+  DeviceFacts *deviceVars() const { return DeviceVars; }
 
   std::optional<std::int64_t> argInt(const OpCall &C, size_t I) const {
     return layout::constInt(C.arg(I), Ctx);
@@ -111,6 +116,8 @@ public:
   TensorFact moduleResult(const CallExpr *Call, const FunctionDecl *FD, const Expr *Input,
                           State &S);
   TensorFact onInputDevice(TensorFact F, const Expr *T, State &S);
+  static bool isLinearCall(const CallExpr *Call);
+  TensorFact onArgsDevice(TensorFact F, const CallExpr *Call, State &S);
   TensorFact rnnOutput(const Expr *E, const CallExpr *Rnn, State &S);
   TensorFact importFact(const TensorFact &F, const CallExpr *Call, const FunctionDecl *FD);
   void recordReturn(const ReturnStmt *RS, State &S);

@@ -125,38 +125,39 @@ void LayoutAnalysis::Impl::derived(TensorFact &R, const TensorFact &Self, const 
 
 // The device TensorOptions built in place name: `.device(d)` / `torch::device(d)`
 // in the chain, else the CPU; options from a variable may name any device.
-static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime) {
+static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, DeviceFacts *Vars) {
   E = stripHandle(E);
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) {
     if (CE->getNumArgs() == 0)
       return TensorFact::CPU;
-    TensorFact::DeviceKind D = deviceOf(CE->getArg(0), &Runtime);
+    TensorFact::DeviceKind D = deviceOf(CE->getArg(0), &Runtime, Vars);
     std::string Ty = CE->getArg(0)->getType().getAsString();
     if (D == TensorFact::AnyDevice &&
         (Ty.find("ScalarType") != std::string::npos || Ty.find("TypeMeta") != std::string::npos))
       return TensorFact::CPU; // zeros({n}, kLong): a dtype, the default device
-    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0), Runtime) : D;
+    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0), Runtime, Vars) : D;
   }
   const auto *Call = dyn_cast<CallExpr>(E);
   const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
   if (!FD || !FD->getIdentifier())
     return TensorFact::AnyDevice;
   if (FD->getName() == "device" && Call->getNumArgs() >= 1)
-    return deviceOf(Call->getArg(Call->getNumArgs() - 1), &Runtime);
+    return deviceOf(Call->getArg(Call->getNumArgs() - 1), &Runtime, Vars);
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
-    return optionsDevice(MC->getImplicitObjectArgument(), Runtime);
+    return optionsDevice(MC->getImplicitObjectArgument(), Runtime, Vars);
   return isTensorApi(FD) ? TensorFact::CPU : TensorFact::AnyDevice; // torch::dtype(...)
 }
 
 // The device a factory's arguments name; CPU when they name none.
-static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args, bool &Runtime) {
+static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args, bool &Runtime,
+                                            DeviceFacts *Vars) {
   for (const Expr *A : Args) {
     if (isa<CXXDefaultArgExpr>(A))
       continue;
-    if (TensorFact::DeviceKind D = deviceOf(A, &Runtime); D != TensorFact::AnyDevice)
+    if (TensorFact::DeviceKind D = deviceOf(A, &Runtime, Vars); D != TensorFact::AnyDevice)
       return D;
     if (A->getType().getAsString().find("TensorOptions") != std::string::npos)
-      return optionsDevice(A, Runtime);
+      return optionsDevice(A, Runtime, Vars);
   }
   return TensorFact::CPU;
 }
@@ -193,13 +194,43 @@ std::optional<Shape> LayoutAnalysis::Impl::sizesArg(const OpCall &C) {
   return std::nullopt;
 }
 
+// The sizes of `torch::tensor(data)` as far as its data's type tells: a
+// scalar makes a 0-dim tensor, a std::vector or ArrayRef one dim, a braced
+// list of scalars one dim of its length.
+static std::optional<Shape> tensorDataShape(const Expr *A, SymTable &ST) {
+  for (int I = 0; A && I < 4; ++I) { // through the TensorDataContainer conversions
+    A = A->IgnoreImplicit();
+    const auto *CE = dyn_cast<CXXConstructExpr>(A);
+    if (!CE || CE->getNumArgs() != 1 ||
+        CE->getType().getAsString().find("TensorDataContainer") == std::string::npos)
+      break;
+    A = CE->getArg(0);
+  }
+  if (!A)
+    return std::nullopt;
+  if (const auto *IL = dyn_cast<CXXStdInitializerListExpr>(A)) {
+    const auto *Init = dyn_cast<InitListExpr>(IL->getSubExpr()->IgnoreImplicit());
+    bool Flat = Init && llvm::all_of(Init->inits(), [&](const Expr *E) {
+                  return tensorDataShape(E, ST) == std::optional<Shape>(Shape{});
+                });
+    return Flat ? std::optional<Shape>(Shape{Mono::constant(Init->getNumInits())}) : std::nullopt;
+  }
+  QualType T = A->getType().getNonReferenceType();
+  if (T->isArithmeticType())
+    return Shape{};
+  std::string N = T.getCanonicalType().getAsString();
+  if (N.find("std::vector<") != std::string::npos || N.find("c10::ArrayRef<") != std::string::npos)
+    return Shape{ST.sym(A, 1)};
+  return std::nullopt;
+}
+
 TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   TensorFact F = freshContiguous(C.Call);
   DTypeName DT;
   for (const Expr *A : C.Args)
     if (!DT.Size)
       DT = dtypeIn(A);
-  F.Device = factoryDevice(C.Args, F.DeviceRuntime);
+  F.Device = factoryDevice(C.Args, F.DeviceRuntime, deviceVars());
   std::optional<Shape> Sz;
   bool Integral = false;
   if (llvm::is_contained({"zeros", "ones", "empty", "rand", "randn", "full"}, C.Name)) {
@@ -213,6 +244,8 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
     Integral = true; // int64, as PyTorch makes them
     Sz = C.Name == "randperm" && C.arg(0) ? std::optional<Shape>(Shape{evalInt(C.Args[0], C.S)})
                                           : sizesArg(C);
+  } else if (C.Name == "tensor" && C.arg(0)) {
+    Sz = tensorDataShape(C.arg(0), ST);
   }
   // torch::tensor takes its dtype from the data.
   if (!DT.Size && C.Name != "tensor")
@@ -889,7 +922,7 @@ ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
     }
     DTypeName D = dtypeIn(A);
     bool Runtime = false;
-    TensorFact::DeviceKind Dev = deviceOf(A, &Runtime);
+    TensorFact::DeviceKind Dev = deviceOf(A, &Runtime, deviceVars());
     if (!T.DType.Size)
       T.DType = D;
     if (T.Device == TensorFact::AnyDevice) {

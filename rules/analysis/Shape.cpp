@@ -12,11 +12,28 @@ namespace clang::tidy::tensor {
 
 Mono SymTable::sym(const void *K, std::int64_t I) {
   auto [It, New] = Keys.try_emplace({K, I}, Next);
-  if (New)
+  if (New) {
     ++Next;
+    Source.push_back(K);
+  }
   Mono M;
   M.Pow.push_back({It->second, 1});
   return M;
+}
+
+bool SymTable::oneSource(const Mono &A, const Mono &B) const {
+  const Mono Q = div(norm(A), norm(B));
+  if (Q.Top || Q.Num != Q.Den)
+    return false;
+  const void *K = nullptr;
+  for (const Mono &M : {norm(A), norm(B)}) {
+    for (auto [S, E] : M.Pow) {
+      if (K && Source[S] != K)
+        return false;
+      K = Source[S];
+    }
+  }
+  return K != nullptr;
 }
 
 Mono SymTable::product(llvm::ArrayRef<Mono> V) const {
@@ -203,25 +220,36 @@ Contig contigOf(const SymTable &ST, llvm::ArrayRef<Mono> Sizes, llvm::ArrayRef<M
 
 static bool isOne(const Mono &M) { return M.isConst(1); }
 
-// Consume new dims (from the back) while their product stays below the chunk's.
-static bool takeNewDims(const SymTable &ST, llvm::ArrayRef<Mono> NewShape, int64_t &ViewD,
-                        Mono &ViewNumel, const Mono &TensorNumel, const Mono &ChunkBase,
-                        Shape &NewStride) {
-  while (ViewD >= 0) {
-    bool Take = isOne(NewShape[ViewD]);
-    if (!Take) {
-      Cmp C = ST.cmp(ViewNumel, TensorNumel);
-      if (C == Cmp::Unknown)
-        return false;
-      Take = C == Cmp::LT;
-    }
-    if (!Take)
-      break;
+// Consume new dims (from the back) for the chunk of TensorNumel elements.
+// PyTorch takes them while their product is below the chunk's (and any size-1
+// dims after): the chunk matches iff a product equals it. With every symbol
+// > 1 the products grow strictly, so equality decides where the order of two
+// sizes of one tensor is unknown (`[B, C, T]` transposed and viewed as
+// `[-1, C]`, at rank 4 too); a size from elsewhere may equal any of them.
+static Cmp takeNewDims(const SymTable &ST, llvm::ArrayRef<Mono> NewShape, int64_t &ViewD,
+                       Mono &ViewNumel, const Mono &TensorNumel, const Mono &ChunkBase,
+                       Shape &NewStride) {
+  auto Take = [&] {
     NewStride[ViewD] = ST.mul(ViewNumel, ChunkBase);
     ViewNumel = ST.mul(ViewNumel, NewShape[ViewD]);
     --ViewD;
+  };
+  for (;;) {
+    Cmp C = ST.eq(ViewNumel, TensorNumel);
+    if (C == Cmp::Unknown)
+      return Cmp::Unknown;
+    if (C == Cmp::EQ)
+      break;
+    Cmp Order = ViewD < 0 ? Cmp::GT : ST.cmp(ViewNumel, TensorNumel);
+    if (Order == Cmp::Unknown && !ST.oneSource(ViewNumel, TensorNumel))
+      return Cmp::Unknown;
+    if (Order == Cmp::GT)
+      return Cmp::NE;
+    Take();
   }
-  return true;
+  while (ViewD >= 0 && isOne(NewShape[ViewD]))
+    Take();
+  return Cmp::EQ;
 }
 
 Viewability computeStride(const SymTable &ST, llvm::ArrayRef<Mono> OldShape,
@@ -251,9 +279,7 @@ Viewability computeStride(const SymTable &ST, llvm::ArrayRef<Mono> OldShape,
     }
     if (!Boundary)
       continue;
-    if (!takeNewDims(ST, NewShape, ViewD, ViewNumel, TensorNumel, ChunkBase, NewStride))
-      return Viewability::Unknown;
-    Cmp C = ST.eq(ViewNumel, TensorNumel);
+    Cmp C = takeNewDims(ST, NewShape, ViewD, ViewNumel, TensorNumel, ChunkBase, NewStride);
     if (C == Cmp::Unknown)
       return Viewability::Unknown;
     if (C == Cmp::NE)

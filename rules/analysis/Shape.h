@@ -64,6 +64,11 @@ public:
   Cmp eq(const Mono &A, const Mono &B) const;
   /// Order, assuming every symbol is > 1.
   Cmp cmp(const Mono &A, const Mono &B) const;
+  /// A / B is a product of symbols of one identity, without a constant
+  /// factor: sizes of one tensor, taken as different from each other unless
+  /// the code relates them. A symbol from elsewhere (a parameter) may equal
+  /// any of them, and a size may equal a constant (3 channels).
+  bool oneSource(const Mono &A, const Mono &B) const;
 
 private:
   static Mono combine(const Mono &A, const Mono &B, int Sign);
@@ -71,6 +76,7 @@ private:
 
   llvm::DenseMap<std::pair<const void *, std::int64_t>, unsigned> Keys;
   llvm::DenseMap<unsigned, Mono> Subst;
+  llvm::SmallVector<const void *, 16> Source; // each symbol's identity
   unsigned Next = 0;
 };
 

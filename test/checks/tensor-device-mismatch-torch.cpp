@@ -133,3 +133,43 @@ void hostCounts(const torch::Tensor &labels) {
   hist += labels.cuda();
   // CHECK-MESSAGES: :[[@LINE-1]]:8: error: '+=' combines the CPU tensor 'hist' with 'labels.cuda()'
 }
+
+// A torch::Device variable every value of which names CUDA is CUDA; one the
+// code may point elsewhere stays a run-time device.
+torch::Tensor priorAdjusted(torch::nn::Linear model, const torch::Tensor &staging,
+                            const std::vector<float> &freq) {
+  torch::Device device(torch::kCUDA);
+  auto logPrior = torch::log(torch::tensor(freq)).unsqueeze(0); // [1, C] on the CPU
+  auto logits = model->forward(staging.to(device, /*non_blocking=*/true));
+  return logits - logPrior;
+  // CHECK-MESSAGES: :[[@LINE-1]]:17: error: '-' combines the CPU tensor 'logPrior' with 'logits'
+}
+torch::Tensor chosenDevice(const torch::Tensor &x, const std::vector<float> &freq, bool gpu) {
+  torch::Device device(torch::kCUDA);
+  if (!gpu)
+    device = torch::Device(torch::kCPU);
+  return x.to(device) - torch::tensor(freq); // may be the CPU
+}
+// torch::tensor of a scalar is 0-dim: a CPU scalar is allowed beside CUDA.
+torch::Tensor scaled(const torch::Tensor &x) { return x.cuda() * torch::tensor(0.5); }
+
+// Masks combine with `|`, `&`, `^` like any op.
+torch::Tensor finishedRows(const torch::Tensor &tokensCpu, int64_t eos) {
+  auto tokens = tokensCpu.to(torch::kCUDA);
+  auto finished = torch::zeros({tokens.size(0)}, torch::kBool);
+  return finished | (tokens.argmax(-1) == eos);
+  // CHECK-MESSAGES: :[[@LINE-1]]:19: error: '|' combines the CPU tensor 'finished' with '(tokens.argmax(-1) == eos)'
+}
+
+// A function of the TU returns what its body makes of its argument: here,
+// on the argument's device.
+torch::Tensor asFloat(const torch::Tensor &logits) { return logits.to(torch::kFloat); }
+torch::Tensor logProbs(const torch::Tensor &logitsCpu) {
+  auto logits = logitsCpu.cuda();
+  auto bias = torch::zeros({logits.size(1)});
+  return asFloat(logits) + bias;
+  // CHECK-MESSAGES: :[[@LINE-1]]:26: error: '+' combines the CPU tensor 'bias' with 'asFloat(logits)'
+}
+torch::Tensor mixedArgs(const torch::Tensor &a, const torch::Tensor &b) {
+  return asFloat(a.cuda()) + asFloat(b); // b's device is not known
+}

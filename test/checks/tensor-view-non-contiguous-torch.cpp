@@ -166,3 +166,23 @@ torch::Tensor padded(torch::nn::LSTM lstm, torch::Tensor x, torch::Tensor lens) 
   // CHECK-MESSAGES: :[[@LINE-1]]:46: warning: 'view' on the non-contiguous result of 'batch_first pad_packed_sequence'
   // CHECK-MESSAGES: :[[@LINE-3]]:27: note: made non-contiguous here by 'batch_first pad_packed_sequence'
 }
+
+// A Linear keeps its input's leading dims: [B, T, H] -> [B, T, tags].
+struct EmissionsImpl : torch::nn::Module {
+  EmissionsImpl(int64_t in, int64_t hidden, int64_t tags) {
+    gru = register_module("gru", torch::nn::GRU(torch::nn::GRUOptions(in, hidden).batch_first(true)));
+    out = register_module("out", torch::nn::Linear(hidden, tags));
+  }
+  torch::Tensor timeMajor(torch::Tensor x) {
+    auto logits = out(std::get<0>(gru(x)));
+    auto T = logits.size(1);
+    return logits.transpose(0, 1).view({T, -1});
+    // CHECK-MESSAGES: :[[@LINE-1]]:35: warning: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1
+  }
+  torch::Tensor flat(torch::Tensor x) {
+    auto logits = out->forward(std::get<0>(gru(x)));
+    return logits.view({-1, logits.size(2)}); // the Linear's output is fresh and contiguous
+  }
+  torch::nn::GRU gru{nullptr};
+  torch::nn::Linear out{nullptr};
+};

@@ -59,8 +59,21 @@ TEST(Shape, ComputeStrideSymbols) {
   Shape TSz{B, NH, T, H}, TSt{St[0], St[2], St[1], St[3]};
   EXPECT_EQ(view(S.ST, TSz, TSt, {B, NH, S.ST.mul(T, H)}), Viewability::NotViewable);
   EXPECT_EQ(view(S.ST, TSz, TSt, {B, NH, T, H}), Viewability::Viewable);
-  // Unrelated symbols: undecidable.
-  EXPECT_EQ(view(S.ST, TSz, TSt, {S(9), S(10)}), Viewability::Unknown);
+  // Sizes from elsewhere (parameters): undecidable.
+  int Elsewhere = 0;
+  Mono P = S.ST.sym(&Elsewhere, 1), Q = S.ST.sym(&Elsewhere, 2);
+  EXPECT_EQ(view(S.ST, TSz, TSt, {P, Q}), Viewability::Unknown);
+  EXPECT_EQ(view(S.ST, TSz, TSt, {S.ST.mul(B, S.ST.mul(T, NH)), P}), Viewability::Unknown);
+  // The tensor's own sizes, whose order is unknown: x.transpose(1, 2) of a
+  // 4-D x viewed as [-1, x.size(1)] throws (NH is neither H nor T*H).
+  EXPECT_EQ(view(S.ST, TSz, TSt, {S.ST.mul(B, S.ST.mul(T, H)), NH}), Viewability::NotViewable);
+  // A size may equal a constant: [H, W, C] permuted to [C, H, W] and
+  // reshaped to [3, -1] is a view when C is 3.
+  Shape PSz{NH, B, T}, PSt{Mono::constant(1), S.ST.mul(T, NH), NH};
+  Mono Rest = S.ST.div(S.ST.mul(B, S.ST.mul(T, NH)), Mono::constant(3));
+  EXPECT_EQ(view(S.ST, PSz, PSt, {Mono::constant(3), Rest}), Viewability::Unknown);
+  // ... and [-1, H] keeps the last dim: merging B, NH, T still throws.
+  EXPECT_EQ(view(S.ST, TSz, TSt, {S.ST.mul(B, S.ST.mul(NH, T)), H}), Viewability::NotViewable);
 }
 
 TEST(Shape, Chunks) {
