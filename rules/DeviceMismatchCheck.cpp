@@ -52,18 +52,6 @@ const ValueDecl *nameOf(const Expr *E) {
   return nullptr;
 }
 
-// The object of `m->f()`, `m.f()` or `(*m).f()`: through ModuleHolder's
-// operator-> and operator*.
-const Expr *moduleObject(const Expr *E) {
-  E = stripHandle(E);
-  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))
-    if ((OC->getOperator() == OO_Arrow || OC->getOperator() == OO_Star) && OC->getNumArgs() >= 1)
-      return stripHandle(OC->getArg(0));
-  if (const auto *UO = dyn_cast<UnaryOperator>(E); UO && UO->getOpcode() == UO_Deref)
-    return stripHandle(UO->getSubExpr());
-  return E;
-}
-
 // The last statement before Use in its function, at a level that always runs
 // before it, that moves Module with `to(d)` / `cuda()` / `cpu()`: the device
 // text when it is CUDA, "" otherwise.
@@ -76,7 +64,7 @@ public:
   bool VisitCXXMemberCallExpr(CXXMemberCallExpr *MC) {
     const CXXMethodDecl *MD = MC->getMethodDecl();
     if (!MD || !MD->getIdentifier() ||
-        nameOf(moduleObject(MC->getImplicitObjectArgument())) != Module)
+        nameOf(moduleValue(MC->getImplicitObjectArgument())) != Module)
       return true;
     StringRef N = MD->getName();
     if (N != "to" && N != "cuda" && N != "cpu")
@@ -166,7 +154,7 @@ void DeviceMismatchCheck::check(const MatchFinder::MatchResult &Result) {
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call); MC && FD->getName() == "forward" &&
                                                           MC->getNumArgs() >= 1 &&
                                                           Model.isTensorExpr(MC->getArg(0))) {
-    const Expr *Obj = moduleObject(MC->getImplicitObjectArgument());
+    const Expr *Obj = moduleValue(MC->getImplicitObjectArgument());
     if (isModuleHolderType(Obj->getType()) || isModuleRecord(MC->getRecordDecl()))
       return checkForward(Call, Obj, MC->getArg(0), Result);
   }

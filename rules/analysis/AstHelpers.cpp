@@ -81,6 +81,33 @@ bool isModuleCall(const CallExpr *Call) {
          isModuleHolderType(OC->getArg(0)->getType());
 }
 
+const Expr *moduleValue(const Expr *E) {
+  E = stripHandle(E);
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))
+    if ((OC->getOperator() == OO_Arrow || OC->getOperator() == OO_Star) && OC->getNumArgs() >= 1)
+      return stripHandle(OC->getArg(0));
+  if (const auto *UO = dyn_cast<UnaryOperator>(E); UO && UO->getOpcode() == UO_Deref)
+    return stripHandle(UO->getSubExpr());
+  return E;
+}
+
+const Expr *calledModule(const CallExpr *Call) {
+  if (isModuleCall(Call))
+    return moduleValue(Call->getArg(0));
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+  return MC && isModuleForward(MC->getMethodDecl()) ? moduleValue(MC->getImplicitObjectArgument())
+                                                     : nullptr;
+}
+
+llvm::StringRef libraryModuleName(QualType T) {
+  const CXXRecordDecl *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  if (!RD || !RD->getIdentifier() || !inNamespacePath(RD, "torch::nn::"))
+    return "";
+  llvm::StringRef N = RD->getName();
+  N.consume_back("Impl");
+  return N;
+}
+
 bool isModuleForward(const CXXMethodDecl *MD) {
   if (!MD || !(MD->getOverloadedOperator() == OO_Call ||
                (MD->getIdentifier() && MD->getName() == "forward")))

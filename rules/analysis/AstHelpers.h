@@ -30,6 +30,17 @@ bool isModuleHolderType(QualType T);
 /// `m(x)`: the call operator of a module value.
 bool isModuleCall(const CallExpr *Call);
 
+/// The module value E names, through a holder's `->` and `*`: `m` of `m->`.
+const Expr *moduleValue(const Expr *E);
+
+/// The module value a module call runs (`m(x)`, `m->forward(x)`,
+/// `m.forward(x)`); null for other calls.
+const Expr *calledModule(const CallExpr *Call);
+
+/// A torch::nn library module's name without "Impl" ("Linear" for both
+/// torch::nn::Linear and LinearImpl); "" for any other type.
+llvm::StringRef libraryModuleName(QualType T);
+
 /// `forward` (or the call operator) of a class derived from
 /// `torch::nn::Module`: it writes the module's own state (parameters,
 /// buffers such as BatchNorm's running statistics) and its arguments, nothing

@@ -462,7 +462,8 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
   std::optional<TensorFact> R = FD ? calleeResult(Call, FD) : std::nullopt;
   const Expr *T = Model.tensorOperand(Input);
   TensorFact F = R ? *R : assumedResult(Call);
-  if (!R && T && isLinearCall(Call)) { // [*, in] -> [*, out], a fresh contiguous tensor
+  if (const Expr *M = R ? nullptr : calledModule(Call);
+      T && M && libraryModuleName(M->getType()) == "Linear") { // [*, in] -> [*, out], a fresh contiguous tensor
     TensorFact In = evalTensor(T, S);
     if (In.Sizes && !In.Sizes->empty()) {
       Shape Sz = *In.Sizes;
@@ -472,19 +473,6 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
     }
   }
   return onInputDevice(F, T, S);
-}
-
-// `fc(x)` / `fc->forward(x)` of a torch::nn::Linear.
-bool LayoutAnalysis::Impl::isLinearCall(const CallExpr *Call) {
-  const CXXRecordDecl *RD = nullptr;
-  if (isModuleCall(Call))
-    RD = cast<CXXOperatorCallExpr>(Call)->getArg(0)->IgnoreParenImpCasts()->getType()
-             .getNonReferenceType()->getAsCXXRecordDecl(); // not ModuleHolder<LinearImpl>
-  else if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
-    RD = MC->getMethodDecl()->getParent();
-  if (!RD || !RD->getIdentifier() || !inNamespacePath(RD, "torch::nn::"))
-    return false;
-  return RD->getName() == "Linear" || RD->getName() == "LinearImpl";
 }
 
 // F, what a function of the TU returns, on the device its tensor arguments

@@ -116,7 +116,6 @@ public:
   TensorFact moduleResult(const CallExpr *Call, const FunctionDecl *FD, const Expr *Input,
                           State &S);
   TensorFact onInputDevice(TensorFact F, const Expr *T, State &S);
-  static bool isLinearCall(const CallExpr *Call);
   TensorFact onArgsDevice(TensorFact F, const CallExpr *Call, State &S);
   TensorFact rnnOutput(const Expr *E, const CallExpr *Rnn, State &S);
   TensorFact importFact(const TensorFact &F, const CallExpr *Call, const FunctionDecl *FD);

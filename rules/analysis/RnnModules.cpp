@@ -11,30 +11,14 @@ namespace clang::tidy::tensor {
 namespace {
 
 // LSTM, GRU, RNN (holders) and their Impls in torch::nn.
-const CXXRecordDecl *rnnRecord(QualType T) {
-  const CXXRecordDecl *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
-  if (!RD || !RD->getIdentifier() || !inNamespacePath(RD, "torch::nn::"))
-    return nullptr;
-  llvm::StringRef N = RD->getName();
-  N.consume_back("Impl");
-  return llvm::is_contained({"LSTM", "GRU", "RNN"}, N) ? RD : nullptr;
+bool isRnnType(QualType T) {
+  return llvm::is_contained({"LSTM", "GRU", "RNN"}, libraryModuleName(T));
 }
 
-// The module value a call runs: `m(x)`, `m->forward(x)`, `m.forward(x)`.
-const Expr *moduleObject(const CallExpr *Call) {
-  const Expr *Obj = nullptr;
-  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call); OC && isModuleCall(OC))
-    Obj = OC->getArg(0);
-  else if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
-           MC && isModuleForward(MC->getMethodDecl()))
-    Obj = MC->getImplicitObjectArgument();
-  if (!Obj)
-    return nullptr;
-  Obj = Obj->IgnoreParenImpCasts();
-  if (const auto *Arrow = dyn_cast<CXXOperatorCallExpr>(Obj);
-      Arrow && Arrow->getOperator() == OO_Arrow)
-    Obj = Arrow->getArg(0)->IgnoreParenImpCasts();
-  return rnnRecord(Obj->getType()) ? Obj : nullptr;
+// The recurrent module a call runs, or null.
+const Expr *rnnModule(const CallExpr *Call) {
+  const Expr *Obj = calledModule(Call);
+  return Obj && isRnnType(Obj->getType()) ? Obj : nullptr;
 }
 
 // torch::nn::utils::rnn::pad_packed_sequence(packed, batch_first, ...).
@@ -46,7 +30,7 @@ bool isPadPacked(const CallExpr *C) {
 
 const CallExpr *asRnnCall(const Expr *E) {
   const auto *C = dyn_cast_or_null<CallExpr>(E ? stripHandle(E) : nullptr);
-  return C && (moduleObject(C) || isPadPacked(C)) ? C : nullptr;
+  return C && (rnnModule(C) || isPadPacked(C)) ? C : nullptr;
 }
 
 // `std::get<0>(arg)`: arg; null for any other call.
@@ -113,9 +97,9 @@ void scanSite(const Stmt *S, const ASTContext &Ctx, FlagScan &R) {
   }
   if (const auto *CE = dyn_cast<CXXConstructExpr>(S)) {
     bool FromOptions = llvm::any_of(CE->arguments(), [](const Expr *A) {
-      return isOptionsType(A->getType()) || rnnRecord(A->getType());
+      return isOptionsType(A->getType()) || isRnnType(A->getType());
     });
-    if ((isOptionsType(CE->getType()) || rnnRecord(CE->getType())) && CE->getNumArgs() >= 2 &&
+    if ((isOptionsType(CE->getType()) || isRnnType(CE->getType())) && CE->getNumArgs() >= 2 &&
         !FromOptions)
       R.Builds = true; // LSTMOptions(in, hidden), LSTM(in, hidden)
   }
@@ -232,23 +216,19 @@ const CallExpr *rnnOutputCall(const Expr *E) {
 llvm::StringRef rnnKind(const CallExpr *RnnCall) {
   if (isPadPacked(RnnCall))
     return "pad_packed_sequence";
-  const Expr *Obj = moduleObject(RnnCall);
-  if (!Obj)
-    return "";
-  llvm::StringRef N = rnnRecord(Obj->getType())->getName();
-  N.consume_back("Impl");
-  return N;
+  const Expr *Obj = rnnModule(RnnCall);
+  return Obj ? libraryModuleName(Obj->getType()) : "";
 }
 
 std::optional<bool> rnnBatchFirst(const CallExpr *RnnCall) {
   if (isPadPacked(RnnCall)) // its batch_first argument (false when defaulted)
     return constantBool(RnnCall->getArg(1),
                         RnnCall->getDirectCallee()->getASTContext());
-  const Expr *Obj = moduleObject(RnnCall);
+  const Expr *Obj = rnnModule(RnnCall);
   llvm::SmallVector<const Expr *, 4> Sites;
   if (!Obj || !constructionSites(Obj, Sites))
     return std::nullopt;
-  const ASTContext &Ctx = rnnRecord(Obj->getType())->getASTContext();
+  const ASTContext &Ctx = RnnCall->getCalleeDecl()->getASTContext();
   std::optional<bool> All;
   for (const Expr *Site : Sites) {
     if (isNullHolder(Site))
