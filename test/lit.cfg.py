@@ -35,6 +35,11 @@ if sanitize:
     config.environment["UBSAN_OPTIONS"] = "print_stacktrace=1"
 tt_include = "-I" + os.path.join(config.tt_src_root, "runtime", "include")
 checker = os.path.join(config.tt_src_root, "test", "lit", "check_tensor_tidy.py")
+# <torch/torch.h> precompiled (test/CMakeLists.txt) where this build made it:
+# the sanitizer build (scripts/sanitize-check.sh) builds only the tools.
+torch_pch = config.torch_include_flags
+if os.path.exists(os.path.join(config.tt_obj_root, "test", "torch.pch")):
+    torch_pch = config.torch_pch_flags
 
 config.substitutions += [
     ("%tensor_tidy", os.path.join(config.tt_bin_dir, "tensor-tidy")),
@@ -45,6 +50,7 @@ config.substitutions += [
     ("%tt_include", tt_include),
     ("%tt_lib", "-L%s -Wl,-rpath,%s -ltt_runtime%s" % (config.tt_lib_dir, config.tt_lib_dir,
                                                        link_sanitizer)),
+    ("%torch_pch", torch_pch),
     ("%torch_include", config.torch_include_flags),
     ("%clangxx", "clang++-19"),
     ("%python", config.python),

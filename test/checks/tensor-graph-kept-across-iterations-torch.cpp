@@ -1,6 +1,6 @@
 // REQUIRES: torch
-// RUN: %check_tensor_tidy --compile-fixed %s tensor-graph-kept-across-iterations %t -- --quiet -- %torch_include
-// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-graph-kept-across-iterations %t.plugin -- --quiet -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-graph-kept-across-iterations %t -- --quiet -- %torch_pch
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-graph-kept-across-iterations %t.plugin -- --quiet -- %torch_pch
 #include <torch/torch.h>
 
 #include <map>

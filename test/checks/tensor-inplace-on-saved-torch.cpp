@@ -1,6 +1,6 @@
 // REQUIRES: torch
-// RUN: %check_tensor_tidy --compile-fixed %s tensor-inplace-on-saved %t -- --quiet -- %torch_include
-// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-inplace-on-saved %t.plugin -- --fix-errors -- %torch_include
+// RUN: %check_tensor_tidy --compile-fixed %s tensor-inplace-on-saved %t -- --quiet -- %torch_pch
+// RUN: %check_tensor_tidy --compile-fixed --runner=clang-tidy %s tensor-inplace-on-saved %t.plugin -- --fix-errors -- %torch_pch
 #include <torch/torch.h>
 
 using torch::Tensor;
