@@ -3,12 +3,26 @@
 #include "analysis/AliasCheckSupport.h"
 #include "analysis/AnalysisManager.h"
 #include "analysis/Finding.h"
+#include "analysis/GradCheckSupport.h"
 
 #include "clang/AST/ExprCXX.h"
 
 using namespace clang::ast_matchers;
 
 namespace clang::tidy::tensor {
+namespace {
+
+/// The handle detaches a parameter (a leaf that requires grad: `parameters()`,
+/// a module's weight): the write most likely means to change it (an update,
+/// a mutation), and an owned copy would silently drop the change.
+bool detachesParameter(const AliasEdge &E, const TensorModel &Model, ASTContext &Ctx) {
+  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(E.Site);
+  const GradFacts *G = MC ? AnalysisManager::get(Model, Ctx).gradAt(MC) : nullptr;
+  GradFact F = G ? G->factOf(MC->getImplicitObjectArgument()) : GradFact{};
+  return F.isGradLeafOrView() && isParameterSource(F.Source);
+}
+
+} // namespace
 
 InplaceOnDetachedCheck::InplaceOnDetachedCheck(StringRef Name, ClangTidyContext *Context)
     : TensorCheck(Name, Context), IgnoreDirectChains(boolOption("IgnoreDirectChains", true)),
@@ -54,6 +68,7 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
       if (const FunctionDecl *Callee = Call->getDirectCallee())
         Op = Callee->getNameAsString();
     std::string Handle = W.RootDecl ? declName(W.RootDecl) : std::string("the detached tensor");
+    bool Param = detachesParameter(E, Model, Ctx);
     {
       auto D =
           diag(Loc, "%select{in-place '%1'|call to '%1', which writes its argument in place,}0 "
@@ -63,17 +78,18 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
                     "change}5")
           << (W.Via != nullptr) << writeName(W) << Handle << changedName(*A, Model) << Op
           << (E.Kind == EdgeKind::Data);
-      std::optional<FixItHint> Fix = detachCloneFix(E, Ctx);
+      std::optional<FixItHint> Fix =
+          Param ? std::nullopt : detachCloneFix(E, Ctx);
       if (Fix)
         D << *Fix;
       emitFinding(writeFinding(getID(), HazardKind::DetachedWrite, Loc, W, *A, E,
                                Fix ? FixKind::DetachClone : FixKind::None, Ctx.getSourceManager()));
     }
     diag(E.Site->getBeginLoc(),
-         "'%0' is detached here; use 'detach().clone()' for a copy the "
-         "code can own",
+         "'%0' is detached here; use 'detach().clone()' for a copy the code can own%select{|, "
+         "or write the parameter itself under a 'NoGradGuard' to change it}1",
          DiagnosticIDs::Note)
-        << declName(A->Decl);
+        << declName(A->Decl) << Param;
     diag(exposureLoc(*A), exposureNote(*A), DiagnosticIDs::Note);
   }
 }

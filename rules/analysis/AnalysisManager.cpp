@@ -84,17 +84,64 @@ LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
 const GradFacts *AnalysisManager::gradAt(const Stmt *S) {
   return cachedFor(S, Grads, [this](const FunctionDecl *FD) {
     auto G = std::make_unique<GradFacts>(Model, Ctx);
-    G->run(FD, gradOffAtEntry(FD));
+    InGrad.insert(FD);
+    bool Off = gradOffAtEntry(FD);
+    G->run(FD, Off, Off ? GradFacts::EntryFacts{} : gradOfParams(FD));
+    InGrad.erase(FD);
     return G;
   });
+}
+
+CallSites &AnalysisManager::calls() {
+  if (!Calls)
+    Calls.emplace(Ctx);
+  return *Calls;
+}
+
+// Leaf or not is left unknown (RequiresGrad): a caller's leaf and another's
+// non-leaf meet here, and in-place-on-leaf needs to know. A call with grad
+// mode off records nothing in FD, so only the calls with it on must agree.
+GradFacts::EntryFacts AnalysisManager::gradOfParams(const FunctionDecl *FD) {
+  GradFacts::EntryFacts Out;
+  std::optional<llvm::ArrayRef<CallSites::Site>> Sites = calls().of(FD);
+  if (!Sites)
+    return Out;
+  for (unsigned I = 0; I < FD->getNumParams(); ++I) {
+    const ParmVarDecl *P = FD->getParamDecl(I);
+    if (!Model.isTensorType(P->getType()))
+      continue;
+    const Expr *First = nullptr;
+    bool All = llvm::all_of(*Sites, [&](const CallSites::Site &S) {
+      std::optional<const Expr *> Arg = gradArgument(S, I);
+      if (Arg && *Arg && !First)
+        First = *Arg;
+      return Arg.has_value();
+    });
+    if (All && First)
+      Out[P] = {GradKind::RequiresGrad, First};
+  }
+  return Out;
+}
+
+// A caller whose facts are being computed (recursion) says nothing.
+std::optional<const Expr *> AnalysisManager::gradArgument(const CallSites::Site &S, unsigned I) {
+  if (isa<CXXOperatorCallExpr>(S.Call) || I >= S.Call->getNumArgs() || InGrad.contains(S.Caller))
+    return std::nullopt;
+  const Expr *Arg = S.Call->getArg(I);
+  const GradFacts *G = isa<CXXDefaultArgExpr>(Arg) ? nullptr : gradAt(S.Call);
+  if (!G)
+    return std::nullopt;
+  if (!G->gradEnabledAt(S.Call))
+    return nullptr;
+  if (G->factOf(Arg).requiresGrad() != Tri::Yes)
+    return std::nullopt;
+  return Arg;
 }
 
 bool AnalysisManager::gradOffAtEntry(const FunctionDecl *FD, unsigned Depth) {
   if (Depth > 2 || !InEntryQuery.insert(FD).second)
     return false; // deep, or recursive: assume grad on, as at the top level
-  if (!Calls)
-    Calls.emplace(Ctx);
-  std::optional<llvm::ArrayRef<CallSites::Site>> Sites = Calls->of(FD);
+  std::optional<llvm::ArrayRef<CallSites::Site>> Sites = calls().of(FD);
   bool Off =
       Sites && !Sites->empty() && llvm::all_of(*Sites, [&](const CallSites::Site &S) {
         return isUnderNoGrad(S.Call, S.Caller->getBody()) || gradOffAtEntry(S.Caller, Depth + 1);

@@ -46,12 +46,20 @@ private:
   /// FD is called in the main file, and only with grad mode off: under a
   /// no-grad guard at each call, or in a caller that is itself (two levels).
   bool gradOffAtEntry(const FunctionDecl *FD, unsigned Depth = 0);
+  /// FD's tensor parameters that every call in the main file with grad mode
+  /// on (at least one) passes a tensor requiring grad: they require grad at entry.
+  GradFacts::EntryFacts gradOfParams(const FunctionDecl *FD);
+  /// The call at S's I-th argument when it requires grad there; null when
+  /// grad mode is off at S; none when it may not require grad.
+  std::optional<const Expr *> gradArgument(const CallSites::Site &S, unsigned I);
+  CallSites &calls();
 
   const TensorModel &Model;
   ASTContext &Ctx;
   llvm::DenseSet<const FunctionDecl *> InLayout; // being analysed
   std::optional<CallSites> Calls;                // built on first use
   llvm::DenseSet<const FunctionDecl *> InEntryQuery;
+  llvm::DenseSet<const FunctionDecl *> InGrad; // autograd facts being computed
   AliasAnalysis Alias;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;

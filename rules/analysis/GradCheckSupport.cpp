@@ -46,13 +46,27 @@ std::string writeCallName(const CallExpr *Write) {
   return "write";
 }
 
+namespace {
+std::string sourceCallee(const Stmt *Source) {
+  const auto *Call = dyn_cast_or_null<CallExpr>(Source);
+  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+  return FD && FD->getIdentifier() ? FD->getName().str() : "";
+}
+bool isParameterList(llvm::StringRef N) {
+  return N == "parameters" || N == "named_parameters" || N == "param_groups" || N == "params";
+}
+} // namespace
+
+bool isParameterSource(const Stmt *Source) {
+  std::string N = sourceCallee(Source);
+  return isa_and_nonnull<MemberExpr>(Source) || isParameterList(N) || N == "register_parameter";
+}
+
 std::string describeGradSource(const Stmt *Source) {
   if (isa<MemberExpr>(Source))
     return "it is a parameter of the module";
-  const auto *Call = dyn_cast<CallExpr>(Source);
-  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
-  std::string N = FD && FD->getIdentifier() ? FD->getName().str() : "";
-  if (N == "parameters" || N == "named_parameters" || N == "param_groups" || N == "params")
+  std::string N = sourceCallee(Source);
+  if (isParameterList(N))
     return "it is a parameter, from '" + N + "()'";
   if (N == "register_parameter")
     return "it is registered with 'register_parameter'";

@@ -42,6 +42,9 @@ std::string tensorName(const Expr *E, ASTContext &Ctx);
 std::string writeCallName(const CallExpr *Write);
 /// Why a value requires grad, from GradFact::Source: "an element of 'parameters()'".
 std::string describeGradSource(const Stmt *Source);
+/// GradFact::Source says the value is a module's parameter (`parameters()`,
+/// a weight member, `register_parameter`), not just any leaf.
+bool isParameterSource(const Stmt *Source);
 
 /// `p -= lr * g;` -> `{ torch::NoGradGuard no_grad; p -= lr * g; }` (tt::
 /// for tt tensors), when the write is a whole statement outside macros and

@@ -432,9 +432,16 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
     return It == St.end() ? GradFact{} : It->second;
   }
   if (const auto *ME = dyn_cast<MemberExpr>(E)) {
-    if (const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl()))
-      if (parameterField(F))
-        return {GradKind::Leaf, ME};
+    const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
+    if (F && parameterField(F))
+      return {GradKind::Leaf, ME};
+    // A tensor field of a module's result (the struct a `forward` returns)
+    // follows it, as `auto [a, b] = net(x)` does.
+    if (F && !ME->isArrow() && Model.isTensorType(F->getType())) {
+      GradFact Base = eval(ME->getBase(), St);
+      if (Base.Kind == GradKind::NonLeaf || Base.Kind == GradKind::NoGrad)
+        return Base;
+    }
     return {};
   }
   if (const auto *Call = dyn_cast<CallExpr>(E))
@@ -489,7 +496,7 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
 GradFacts::GradFacts(const TensorModel &Model, ASTContext &Ctx) : Model(Model), Ctx(Ctx) {}
 GradFacts::~GradFacts() = default;
 
-void GradFacts::run(const FunctionDecl *FD, bool OffAtEntry) {
+void GradFacts::run(const FunctionDecl *FD, bool OffAtEntry, EntryFacts Entry) {
   Stmt *Body = FD->getBody();
   if (!Body)
     return;
@@ -505,7 +512,7 @@ void GradFacts::run(const FunctionDecl *FD, bool OffAtEntry) {
     return;
   Impl D(*this);
   ForwardDataflow<Impl> Flow(*Cfg, D);
-  if (!Flow.solve(Impl::State{})) {
+  if (!Flow.solve(std::move(Entry))) {
     Cfg.reset();
     return;
   }

@@ -57,10 +57,14 @@ public:
   GradFacts(const TensorModel &Model, ASTContext &Ctx);
   ~GradFacts();
 
+  /// Facts of FD's parameters at its entry (from its callers).
+  using EntryFacts = llvm::DenseMap<const ValueDecl *, GradFact>;
+
   /// Analyses FD's body (a function, method or lambda call operator).
   /// GradOffAtEntry: every call of FD runs with grad mode off (the caller's
-  /// `NoGradGuard`), so its whole body does.
-  void run(const FunctionDecl *FD, bool GradOffAtEntry = false);
+  /// `NoGradGuard`), so its whole body does. Entry: what its parameters are
+  /// known to be (a parameter not in it is Unknown).
+  void run(const FunctionDecl *FD, bool GradOffAtEntry = false, EntryFacts Entry = EntryFacts());
 
   /// The fact of the value E has at its own program point (tensor handles,
   /// containers of parameters, TensorOptions); Unknown if never recorded.

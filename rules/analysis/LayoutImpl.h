@@ -181,7 +181,11 @@ public:
   void derived(TensorFact &R, const TensorFact &Self, const OpCall &C) const;
   std::optional<ShapeArg> flattenShape(const TensorFact &Self, std::int64_t Start,
                                        std::int64_t End);
-  TensorFact reshapeLike(const OpCall &C, const TensorFact &Self, std::optional<ShapeArg> New);
+  static std::optional<Viewability> flattenSwapped(const TensorFact &Self, std::int64_t Start,
+                                                   std::int64_t End);
+  /// Decided: what the caller knows when the shapes alone do not tell.
+  TensorFact reshapeLike(const OpCall &C, const TensorFact &Self, std::optional<ShapeArg> New,
+                         std::optional<Viewability> Decided = std::nullopt);
   ViewQuery decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
                        const std::optional<Shape> &NewShape, Shape &NewStride);
   std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New);

@@ -279,7 +279,8 @@ TensorFact LayoutAnalysis::Impl::flattenOp(const OpCall &C) {
   if (Start == INT64_MIN || End == INT64_MIN)
     return unknownLike(C.Self);
   if (!C.Self.Sizes)
-    return reshapeLike(C, C.Self, flattenShape(C.Self, Start, End));
+    return reshapeLike(C, C.Self, flattenShape(C.Self, Start, End),
+                       flattenSwapped(C.Self, Start, End));
   size_t Rank = C.Self.Sizes->size();
   if (Rank == 0)
     return C.Self;
@@ -318,11 +319,30 @@ std::optional<ShapeArg> LayoutAnalysis::Impl::flattenShape(const TensorFact &Sel
   return A;
 }
 
+// flatten(Start, End) of a contiguous tensor of unknown rank with dims A and
+// B swapped (`x.transpose(0, 1).flatten(0, 1)`): with sizes > 1, merged dims
+// view only when they are consecutive in the source, in its order; a range
+// of two or more that holds A or B is not (the dim at A is B, and its
+// neighbours are A - 1 and A + 1, never B - 1 or B + 1).
+std::optional<Viewability> LayoutAnalysis::Impl::flattenSwapped(const TensorFact &Self,
+                                                                std::int64_t Start,
+                                                                std::int64_t End) {
+  if (Self.Sizes || Self.SwapA < 0 || Self.UnitDims || Start < 0 || End <= Start)
+    return std::nullopt;
+  auto In = [&](int D) { return Start <= D && D <= End; };
+  if (In(Self.SwapA) || In(Self.SwapB))
+    return Viewability::NotViewable;
+  return std::nullopt;
+}
+
 TensorFact LayoutAnalysis::Impl::reshapeLike(const OpCall &C, const TensorFact &In,
-                                             std::optional<ShapeArg> New) {
+                                             std::optional<ShapeArg> New,
+                                             std::optional<Viewability> Decided) {
   std::optional<Shape> NewShape = New ? inferShape(*New, In, C.Call) : std::nullopt;
   Shape NewStride;
   ViewQuery Q = decideView(In, New, NewShape, NewStride);
+  if (Q.Result == ViewQuery::Unknown && Decided)
+    Q.Result = *Decided;
   if (Recording)
     Queries[C.Call] = Q;
   TensorFact R = unknownLike(In);

@@ -18,7 +18,39 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+// A forward that returns a struct: its tensor fields follow the module call.
+struct RouterOut {
+  torch::Tensor logits, aux_loss;
+};
+struct RouterImpl : torch::nn::Module {
+  RouterImpl() { fc = register_module("fc", torch::nn::Linear(8, 4)); }
+  RouterOut forward(const torch::Tensor &x) {
+    auto h = fc(x);
+    return {h, h.pow(2).mean()};
+  }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Router);
+
 // ---- flagged ------------------------------------------------------------------
+
+void trainRouter(Router &router, const std::vector<torch::Tensor> &xs) {
+  auto aux_total = torch::zeros({});
+  auto logged = torch::zeros({});
+  for (const auto &x : xs) {
+    auto out = router->forward(x);
+    (out.logits.sum() + out.aux_loss).backward();
+    aux_total += out.aux_loss;
+    // CHECK-MESSAGES: :[[@LINE-1]]:15: warning: 'out.aux_loss' requires grad and is accumulated into 'aux_total'
+    // CHECK-FIXES: aux_total += out.aux_loss.detach();
+    logged += out.aux_loss.detach();
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto &x : xs)
+      logged += router->forward(x).aux_loss; // no graph under the guard
+  }
+}
 
 double trainEpoch(Net &net, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs,
                   const std::vector<torch::Tensor> &ys) {

@@ -16,11 +16,23 @@ Tensor noisyLoss(torch::nn::Linear &fc, const Tensor &x) {
   return torch::mse_loss(out, target);
 }
 
+// A parameter's handle: the write means to change the weights, so no
+// fix-it (an owned copy would silently drop the change).
 void scaleWeights(torch::nn::Linear &fc) {
   Tensor w = fc->weight.data();
-  // CHECK-FIXES: {{^}}  Tensor w = fc->weight.detach().clone();{{$}}
+  // CHECK-FIXES: {{^}}  Tensor w = fc->weight.data();{{$}}
   w.mul_(0.5);
   // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'w' changes 'weight' behind autograd's back: 'data()' shares storage but not even the version counter
+  // CHECK-MESSAGES: :[[@LINE-4]]:14: note: 'weight' is detached here; use 'detach().clone()' for a copy the code can own, or write the parameter itself under a 'NoGradGuard' to change it
+}
+
+void mutateParameters(torch::nn::Linear &net, double rate) {
+  for (auto &p : net->parameters()) {
+    auto data = p.data();
+    // CHECK-FIXES: {{^}}    auto data = p.data();{{$}}
+    data.add_(torch::randn_like(data) * rate);
+    // CHECK-MESSAGES: :[[@LINE-1]]:10: warning: in-place 'add_' on 'data' changes 'p' behind autograd's back
+  }
 }
 
 Tensor clippedCopy(const Tensor &grad) {

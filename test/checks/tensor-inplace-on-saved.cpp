@@ -49,6 +49,23 @@ Tensor forward(const Tensor &x) {
   return y;
 }
 
+// A helper's parameter requires grad when every call with grad mode on passes
+// one that does; a call under a no-grad guard records nothing in it.
+Tensor halfDistance(const Tensor &emb) {
+  Tensor d = tt::sqrt(emb * emb);
+  d.mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'd', which 'sqrt' saved for backward (its result): backward() through 'sqrt' raises
+  // CHECK-FIXES: {{^}}  d = d.mul(0.5);{{$}}
+  return d;
+}
+
+void trainDistance() {
+  Tensor w = tt::randn({4}, tt::requires_grad());
+  halfDistance(w * 2).sum().backward();
+  tt::NoGradGuard guard;
+  Tensor eval = halfDistance(w);
+}
+
 // ===== negatives ============================================================
 
 void addOutput() {
@@ -96,4 +113,30 @@ void outOfPlace() {
   h = h + 1;
   h.add_(1);
   h.sum().backward();
+}
+
+// One call passes a tensor that may not require grad.
+Tensor expShift(const Tensor &x) {
+  Tensor y = tt::exp(x);
+  y.add_(1);
+  return y;
+}
+
+void callsExpShift(const Tensor &data) {
+  Tensor w = tt::randn({4}, tt::requires_grad());
+  expShift(w * 2).sum().backward();
+  Tensor plain = expShift(data);
+}
+
+// Every call runs under a no-grad guard.
+Tensor expEval(const Tensor &x) {
+  Tensor y = tt::exp(x);
+  y.add_(1);
+  return y;
+}
+
+void callsExpEval() {
+  Tensor w = tt::randn({4}, tt::requires_grad());
+  tt::NoGradGuard guard;
+  Tensor e = expEval(w);
 }

@@ -39,6 +39,17 @@ void flattenRange() {
   // CHECK-MESSAGES: :[[@LINE-1]]:48: warning: 'flatten' silently copies the non-contiguous result of 'transpose' (96 bytes)
 }
 
+// A parameter of unknown rank: merging a swapped dim with another copies
+// whatever the rank (sizes > 1); merging two dims the transpose left alone
+// is not decided.
+void flattenSwappedUnknownRank(const tt::Tensor &logProbs) {
+  auto f = logProbs.transpose(0, 1).flatten(0, 1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:37: warning: 'flatten' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming 'logProbs' is contiguous, as nearly all tensors are)
+  auto g = logProbs.transpose(1, 2).flatten(2, 3);
+  // CHECK-MESSAGES: :[[@LINE-1]]:37: warning: 'flatten' silently copies the non-contiguous result of 'transpose'
+  auto h = logProbs.transpose(2, 3).flatten(0, 1);
+}
+
 void reshapeAs() {
   auto a = tt::ones({4, 6}).narrow(1, 0, 3);
   auto b = a.reshape_as(tt::zeros({12}));
