@@ -44,11 +44,17 @@ bool isDeviceLikeType(QualType T) {
   return N.find("Device") != std::string::npos || N.find("TensorOptions") != std::string::npos;
 }
 
-// `p.first` / `p.second` of a std::pair: its tensors come from one computation.
-bool isPairElement(const MemberExpr *ME) {
+// `p.first` / `p.second` of a std::pair, or a tensor field of a plain struct
+// value (`out.logits` of the struct a `forward` returns): its tensors come
+// from one computation.
+bool isResultElement(const MemberExpr *ME, const TensorModel &Model) {
   const auto *Field = dyn_cast<FieldDecl>(ME->getMemberDecl());
-  const auto *Pair = Field ? dyn_cast<CXXRecordDecl>(Field->getParent()) : nullptr;
-  return Pair && Pair->getIdentifier() && Pair->getName() == "pair" && Pair->isInStdNamespace();
+  const auto *RD = Field ? dyn_cast<CXXRecordDecl>(Field->getParent()) : nullptr;
+  if (!RD || ME->isArrow())
+    return false;
+  if (RD->getIdentifier() && RD->getName() == "pair" && RD->isInStdNamespace())
+    return true;
+  return RD->hasDefinition() && RD->isAggregate() && Model.isTensorType(Field->getType());
 }
 
 StringRef calleeName(const CallExpr *C) {
@@ -225,7 +231,7 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
     return meet(deviceOf(CO->getTrueExpr(), Depth), deviceOf(CO->getFalseExpr(), Depth));
   if (const auto *UO = dyn_cast<UnaryOperator>(E))
     return deviceOf(UO->getSubExpr(), Depth);
-  if (const auto *ME = dyn_cast<MemberExpr>(E); ME && isPairElement(ME))
+  if (const auto *ME = dyn_cast<MemberExpr>(E); ME && isResultElement(ME, Model))
     return deviceOf(ME->getBase(), Depth); // out.first of `auto out = model->forward(x)`
   if (const auto *C = dyn_cast<CallExpr>(E))
     return ofCall(C, Depth);

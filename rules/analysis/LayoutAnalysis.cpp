@@ -173,6 +173,12 @@ TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime, DeviceFacts *Vars)
 
 TensorFact unknownFact() { return TensorFact(); }
 
+// The input a module call runs on: `m(x)` or `m->forward(x)`.
+static const Expr *moduleInput(const CallExpr *Call) {
+  unsigned First = isModuleCall(Call) ? 1 : 0;
+  return Call->getNumArgs() > First ? Call->getArg(First) : nullptr;
+}
+
 // A tensor the function did not make: taken as a contiguous float32 CPU
 // tensor, as nearly all are.
 TensorFact assumedInput(const void *Src, std::string Source) {
@@ -315,6 +321,9 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     // A member of this object is one storage wherever it is named.
     if (isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
       F.Src = F.Root = ME->getMemberDecl();
+    // `out.logits` of `auto out = net->forward(x)`: on the module's input's device.
+    if (const CallExpr *Module = structResultOf(ME))
+      return onInputDevice(F, Model.tensorOperand(moduleInput(Module)), S);
     return F;
   }
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))
@@ -511,10 +520,57 @@ TensorFact LayoutAnalysis::Impl::onInputDevice(TensorFact F, const Expr *T, Stat
   return F;
 }
 
-// The input a module call runs on: `m(x)` or `m->forward(x)`.
-static const Expr *moduleInput(const CallExpr *Call) {
-  unsigned First = isModuleCall(Call) ? 1 : 0;
-  return Call->getNumArgs() > First ? Call->getArg(First) : nullptr;
+namespace {
+const CallExpr *moduleCallIn(const Expr *E) {
+  const auto *Call = dyn_cast_or_null<CallExpr>(E ? E->IgnoreImplicit() : nullptr);
+  if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E ? E->IgnoreImplicit() : nullptr);
+      CE && CE->getNumArgs() == 1) // the copy or move of the result
+    Call = dyn_cast<CallExpr>(CE->getArg(0)->IgnoreImplicit());
+  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(Call);
+  if (Call && (isModuleCall(Call) || (MC && isModuleForward(MC->getMethodDecl()))))
+    return Call;
+  return nullptr;
+}
+
+// V is never the target of an assignment in Body: its initializer is its value.
+bool neverAssigned(const VarDecl *V, const Stmt *Body) {
+  llvm::SmallVector<const Stmt *, 32> Work{Body};
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    const Expr *L = nullptr;
+    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S); OC && OC->isAssignmentOp())
+      L = OC->getArg(0);
+    else if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->isAssignmentOp())
+      L = BO->getLHS();
+    if (const auto *D = L ? dyn_cast<DeclRefExpr>(L->IgnoreParenImpCasts()) : nullptr;
+        D && D->getDecl() == V)
+      return false;
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+  return true;
+}
+} // namespace
+
+// The module call whose result (a plain struct) a tensor field ME is read
+// from: the call itself, or a local initialised by it and never assigned.
+const CallExpr *LayoutAnalysis::Impl::structResultOf(const MemberExpr *ME) {
+  const auto *RD = dyn_cast<CXXRecordDecl>(ME->getMemberDecl()->getDeclContext());
+  if (ME->isArrow() || !RD || !RD->hasDefinition() || !RD->isAggregate())
+    return nullptr;
+  const Expr *Base = ME->getBase()->IgnoreImplicit();
+  const auto *DRE = dyn_cast<DeclRefExpr>(Base);
+  const auto *V = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+  if (!V)
+    return moduleCallIn(Base);
+  if (!V->hasLocalStorage() || isa<ParmVarDecl>(V) || V->getType()->isReferenceType() || !Fn)
+    return nullptr;
+  auto [It, New] = StructResults.try_emplace(V, nullptr);
+  if (New && neverAssigned(V, Fn->getBody()))
+    It->second = moduleCallIn(V->getInit());
+  return It->second;
 }
 
 // Element 0 of a recurrent module's output, E (Note [batch_first RNN outputs]

@@ -93,6 +93,9 @@ public:
   LayoutAnalysis::CalleeFn Callees;
   std::optional<TensorFact> Returned;
   DeviceFacts *DeviceVars = nullptr; // what device variables hold (null: run-time values)
+  llvm::DenseMap<const VarDecl *, const CallExpr *> StructResults; // structResultOf's answers
+
+  const CallExpr *structResultOf(const MemberExpr *ME);
 
   DeviceFacts *deviceVars() const { return DeviceVars; }
 
@@ -143,7 +146,7 @@ public:
   /// names (a permutation, an expand): symbols, or 1 for known unit dims.
   std::optional<Shape> rankedSizes(const TensorFact &Self, size_t Rank);
   std::optional<Shape> expandTarget(const OpCall &C);
-  bool expandInput(const TensorFact &Self, const Shape &NS, Shape &Sz, Shape &St);
+  bool expandInput(const TensorFact &Self, const Shape &NS, const Expr *Call, Shape &Sz, Shape &St);
   TensorFact expandedUnknown(const OpCall &C, const std::optional<Shape> &NS);
   TensorFact cloneOp(const OpCall &C);
   TensorFact convertOp(const OpCall &C);

@@ -789,15 +789,28 @@ std::optional<Shape> LayoutAnalysis::Impl::expandTarget(const OpCall &C) {
 // The input's sizes and strides for expand. Of an unknown rank taken as
 // contiguous, the target names the rank, and a dim whose target is none of
 // the input's own sizes is taken as a broadcast size-1 dim: what expand is
-// for (`expand({B, n_heads, T, T})` of a [B, 1, T, T] mask).
-bool LayoutAnalysis::Impl::expandInput(const TensorFact &Self, const Shape &NS, Shape &Sz,
-                                       Shape &St) {
+// for (`expand({B, n_heads, T, T})` of a [B, 1, T, T] mask). When the code
+// made size-1 dims itself (`d.unsqueeze(1).expand({R, S, 3})`), those are
+// what it broadcasts, and its other dims keep their sizes (> 1, the default).
+bool LayoutAnalysis::Impl::expandInput(const TensorFact &Self, const Shape &NS,
+                                       const Expr *Call, Shape &Sz, Shape &St) {
   if (Self.Sizes) {
     Sz = *Self.Sizes;
     St = *Self.Strides;
     return NS.size() >= Sz.size();
   }
   auto Named = rankedSizes(Self, NS.size());
+  if (!Named && Self.UnitDims && Self.Contig == TensorFact::Yes && Self.SwapA < 0 &&
+      NS.size() <= 8) {
+    // Its own sizes have no names (an unsqueeze moved them): a kept dim is
+    // the target's size, or a size of this call's own for -1.
+    for (size_t K = 0; K < NS.size(); ++K)
+      Sz.push_back((Self.UnitDims >> K) & 1 ? Mono::constant(1)
+                   : NS[K].isConst(-1)      ? ST.sym(Call, (std::int64_t)K + 1)
+                                            : NS[K]);
+    St = contiguousStrides(ST, Sz);
+    return true;
+  }
   if (!Named)
     return false;
   Sz = *Named;
@@ -808,7 +821,7 @@ bool LayoutAnalysis::Impl::expandInput(const TensorFact &Self, const Shape &NS, 
   // [T, T] mask): expand keeps that dim, whatever broadcast it does not.
   for (size_t I = 0; I < NS.size(); ++I)
     if (!NS[I].isConst(-1))
-      Sz[I] = OwnSize(NS[I]) ? NS[I] : Mono::constant(1);
+      Sz[I] = OwnSize(NS[I]) || (Self.UnitDims && !Sz[I].isConst(1)) ? NS[I] : Mono::constant(1);
   St = contiguousStrides(ST, Sz);
   return true;
 }
@@ -817,7 +830,7 @@ TensorFact LayoutAnalysis::Impl::expandOp(const OpCall &C) {
   const TensorFact &Self = C.Self;
   std::optional<Shape> NS = expandTarget(C);
   Shape InSz, InSt;
-  if (!NS || !expandInput(Self, *NS, InSz, InSt))
+  if (!NS || !expandInput(Self, *NS, C.Call, InSz, InSt))
     return expandedUnknown(C, NS);
   size_t Lead = NS->size() - InSz.size();
   Shape Sz(NS->size()), St(NS->size());

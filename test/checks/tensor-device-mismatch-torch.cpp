@@ -55,7 +55,39 @@ void matmulHost() {
   // CHECK-FIXES: {{^}}  Tensor y = torch::matmul(x.to(w.device()), w);{{$}}
 }
 
+// A forward that returns a struct: its tensor fields are on the input's device.
+struct Scores {
+  Tensor logits, aux;
+};
+struct Scorer : torch::nn::Module {
+  Scorer() { fc = register_module("fc", torch::nn::Linear(10, 4)); }
+  Scores forward(const Tensor &x) {
+    auto h = fc->forward(x);
+    return {h, h.pow(2).mean()};
+  }
+  torch::nn::Linear fc{nullptr};
+};
+
+void structFieldOnCuda(Scorer &model, const Tensor &batch, const std::vector<int64_t> &ids) {
+  auto x = batch.to(torch::kCUDA);
+  auto labels = torch::tensor(ids, torch::kLong);
+  auto out = model.forward(x);
+  auto ce = torch::nll_loss(out.logits, labels);
+  // CHECK-MESSAGES: :[[@LINE-1]]:13: error: 'nll_loss' combines the CPU tensor 'labels' with 'out.logits'
+  auto ce2 = torch::nll_loss(model.forward(x).logits, labels);
+  // CHECK-MESSAGES: :[[@LINE-1]]:14: error: 'nll_loss' combines the CPU tensor 'labels' with 'model.forward(x).logits'
+}
+
 // ===== negatives ============================================================
+
+void structFieldElsewhere(Scorer &model, const Tensor &batch, const std::vector<int64_t> &ids) {
+  auto labels = torch::tensor(ids, torch::kLong);
+  auto out = model.forward(batch.to(torch::kCUDA));
+  out = model.forward(batch); // rebound: the field's device is not the first call's
+  auto ce = torch::nll_loss(out.logits, labels);
+  auto cpu_out = model.forward(torch::randn({4, 10}));
+  auto ce2 = torch::nll_loss(cpu_out.logits, labels);
+}
 
 void runtimeDevice() {
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);

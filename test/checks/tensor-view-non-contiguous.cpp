@@ -159,7 +159,20 @@ Tensor shownLayout(const Tensor &x, std::int64_t nh) {
   // CHECK-MESSAGES: :[[@LINE-1]]:28: error: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1 ('view size
 }
 
+// A parameter of unknown rank, unsqueezed then expanded: the new dim is the
+// broadcast one, the others keep their sizes (> 1).
+tt::Tensor expandedDirections(const tt::Tensor &dirs, int64_t R, int64_t S) {
+  auto per_sample = dirs.unsqueeze(1).expand({R, S, 3});
+  return per_sample.view({-1, 3});
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'view' on the non-contiguous result of 'expand' throws at run time unless the dimensions it merges have size 1 (assuming 'dirs' is contiguous, as nearly all tensors are)
+}
+
 // ---- not flagged --------------------------------------------------------------
+
+// Merges the kept dims only: [S, R, 3] with strides [0, 3, 1] views as [S, 3 * R].
+tt::Tensor expandedRows(const tt::Tensor &dirs, int64_t R, int64_t S) {
+  return dirs.unsqueeze(0).expand({S, R, 3}).view({S, R * 3});
+}
 
 struct Fake {
   Fake t() const;
