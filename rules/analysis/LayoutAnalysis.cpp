@@ -179,6 +179,40 @@ static const Expr *moduleInput(const CallExpr *Call) {
   return Call->getNumArgs() > First ? Call->getArg(First) : nullptr;
 }
 
+namespace {
+const CallExpr *moduleCallIn(const Expr *E) {
+  const auto *Call = dyn_cast_or_null<CallExpr>(E ? E->IgnoreImplicit() : nullptr);
+  if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E ? E->IgnoreImplicit() : nullptr);
+      CE && CE->getNumArgs() == 1) // the copy or move of the result
+    Call = dyn_cast<CallExpr>(CE->getArg(0)->IgnoreImplicit());
+  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(Call);
+  if (Call && (isModuleCall(Call) || (MC && isModuleForward(MC->getMethodDecl()))))
+    return Call;
+  return nullptr;
+}
+
+// V is never the target of an assignment in Body: its initializer is its value.
+bool neverAssigned(const VarDecl *V, const Stmt *Body) {
+  llvm::SmallVector<const Stmt *, 32> Work{Body};
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    const Expr *L = nullptr;
+    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S); OC && OC->isAssignmentOp())
+      L = OC->getArg(0);
+    else if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->isAssignmentOp())
+      L = BO->getLHS();
+    if (const auto *D = L ? dyn_cast<DeclRefExpr>(L->IgnoreParenImpCasts()) : nullptr;
+        D && D->getDecl() == V)
+      return false;
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+  return true;
+}
+} // namespace
+
 // A tensor the function did not make: taken as a contiguous float32 CPU
 // tensor, as nearly all are.
 TensorFact assumedInput(const void *Src, std::string Source) {
@@ -308,7 +342,12 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl()); BD && Model.isTensorExpr(E)) {
       if (const CallExpr *Rnn = rnnOutputCall(DRE))
         return rnnOutput(DRE, Rnn, S);
-      return assumedInput(BD, "'" + BD->getNameAsString() + "'");
+      TensorFact F = assumedInput(BD, "'" + BD->getNameAsString() + "'");
+      // `auto [a, logp] = actor->forward(obs)`: on the module's input's device.
+      const auto *DD = dyn_cast_or_null<VarDecl>(BD->getDecomposedDecl());
+      if (const CallExpr *Module = DD ? moduleCallIn(DD->getInit()) : nullptr)
+        return onInputDevice(F, Model.tensorOperand(moduleInput(Module)), S);
+      return F;
     }
     return unknownFact();
   }
@@ -520,39 +559,6 @@ TensorFact LayoutAnalysis::Impl::onInputDevice(TensorFact F, const Expr *T, Stat
   return F;
 }
 
-namespace {
-const CallExpr *moduleCallIn(const Expr *E) {
-  const auto *Call = dyn_cast_or_null<CallExpr>(E ? E->IgnoreImplicit() : nullptr);
-  if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E ? E->IgnoreImplicit() : nullptr);
-      CE && CE->getNumArgs() == 1) // the copy or move of the result
-    Call = dyn_cast<CallExpr>(CE->getArg(0)->IgnoreImplicit());
-  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(Call);
-  if (Call && (isModuleCall(Call) || (MC && isModuleForward(MC->getMethodDecl()))))
-    return Call;
-  return nullptr;
-}
-
-// V is never the target of an assignment in Body: its initializer is its value.
-bool neverAssigned(const VarDecl *V, const Stmt *Body) {
-  llvm::SmallVector<const Stmt *, 32> Work{Body};
-  while (!Work.empty()) {
-    const Stmt *S = Work.pop_back_val();
-    if (!S)
-      continue;
-    const Expr *L = nullptr;
-    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S); OC && OC->isAssignmentOp())
-      L = OC->getArg(0);
-    else if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->isAssignmentOp())
-      L = BO->getLHS();
-    if (const auto *D = L ? dyn_cast<DeclRefExpr>(L->IgnoreParenImpCasts()) : nullptr;
-        D && D->getDecl() == V)
-      return false;
-    for (const Stmt *C : S->children())
-      Work.push_back(C);
-  }
-  return true;
-}
-} // namespace
 
 // The module call whose result (a plain struct) a tensor field ME is read
 // from: the call itself, or a local initialised by it and never assigned.

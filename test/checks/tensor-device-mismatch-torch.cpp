@@ -78,7 +78,32 @@ void structFieldOnCuda(Scorer &model, const Tensor &batch, const std::vector<int
   // CHECK-MESSAGES: :[[@LINE-1]]:14: error: 'nll_loss' combines the CPU tensor 'labels' with 'model.forward(x).logits'
 }
 
+// A forward that returns a tuple: structured bindings of it are on the input's device.
+struct Policy : torch::nn::Module {
+  Policy() { fc = register_module("fc", torch::nn::Linear(10, 4)); }
+  std::tuple<Tensor, Tensor> forward(const Tensor &obs) {
+    auto mu = torch::tanh(fc->forward(obs));
+    return {mu, mu.sum(1)};
+  }
+  torch::nn::Linear fc{nullptr};
+};
+
+void boundActionOnCuda(Policy &actor, const Tensor &obs, const std::vector<float> &high) {
+  auto act_high = torch::tensor(high);
+  auto [a, logp] = actor.forward(obs.to(torch::kCUDA));
+  auto scaled = a * act_high;
+  // CHECK-MESSAGES: :[[@LINE-1]]:19: error: '*' combines the CPU tensor 'act_high' with 'a'
+}
+
 // ===== negatives ============================================================
+
+void boundActionOnHost(Policy &actor, const Tensor &obs, const std::vector<float> &high) {
+  auto act_high = torch::tensor(high);
+  auto [a, logp] = actor.forward(obs.to(torch::kCPU));
+  auto scaled = a * act_high;
+  auto [b, logq] = actor.forward(obs);
+  auto scaled2 = b * act_high; // obs's device is not known
+}
 
 void structFieldElsewhere(Scorer &model, const Tensor &batch, const std::vector<int64_t> &ids) {
   auto labels = torch::tensor(ids, torch::kLong);
