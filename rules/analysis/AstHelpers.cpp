@@ -75,6 +75,15 @@ const FunctionDecl *readableCallee(const FunctionDecl *FD) {
   return Def;
 }
 
+std::pair<const Expr *, const Expr *> assignmentSides(const Stmt *S) {
+  if (const auto *OC = dyn_cast_or_null<CXXOperatorCallExpr>(S);
+      OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
+    return {OC->getArg(0), OC->getArg(1)};
+  if (const auto *BO = dyn_cast_or_null<BinaryOperator>(S); BO && BO->getOpcode() == BO_Assign)
+    return {BO->getLHS(), BO->getRHS()};
+  return {nullptr, nullptr};
+}
+
 bool isModuleCall(const CallExpr *Call) {
   const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
   return OC && OC->getOperator() == OO_Call && OC->getNumArgs() &&

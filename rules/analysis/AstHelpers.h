@@ -29,6 +29,8 @@ bool isModuleHolderType(QualType T);
 
 /// `m(x)`: the call operator of a module value.
 bool isModuleCall(const CallExpr *Call);
+/// {L, R} of `L = R` (built-in or overloaded `=`); {null, null} for any other S.
+std::pair<const Expr *, const Expr *> assignmentSides(const Stmt *S);
 
 /// The module value E names, through a holder's `->` and `*`: `m` of `m->`.
 const Expr *moduleValue(const Expr *E);

@@ -71,12 +71,7 @@ DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const Functi
     const Stmt *S = Work.pop_back_val();
     if (!S)
       continue;
-    const Expr *L = nullptr, *R = nullptr;
-    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
-        OC && OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
-      L = OC->getArg(0), R = OC->getArg(1);
-    else if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->getOpcode() == BO_Assign)
-      L = BO->getLHS(), R = BO->getRHS();
+    auto [L, R] = assignmentSides(S);
     if (const auto *D = L ? dyn_cast<DeclRefExpr>(stripHandle(L)) : nullptr)
       if (const auto *V = dyn_cast<VarDecl>(D->getDecl()))
         Assigned[V].push_back(R);

@@ -198,11 +198,7 @@ bool neverAssigned(const VarDecl *V, const Stmt *Body) {
     const Stmt *S = Work.pop_back_val();
     if (!S)
       continue;
-    const Expr *L = nullptr;
-    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S); OC && OC->isAssignmentOp())
-      L = OC->getArg(0);
-    else if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->isAssignmentOp())
-      L = BO->getLHS();
+    const Expr *L = assignmentSides(S).first;
     if (const auto *D = L ? dyn_cast<DeclRefExpr>(L->IgnoreParenImpCasts()) : nullptr;
         D && D->getDecl() == V)
       return false;
