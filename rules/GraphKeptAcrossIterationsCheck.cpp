@@ -207,7 +207,7 @@ void GraphKeptAcrossIterationsCheck::check(const MatchFinder::MatchResult &Resul
       (A->Key && LA->isInvariant(A->Key, Loop)))
     return;
   KeptValueFlow Flow(Model, Ctx);
-  if (!Flow.requiresGradAt(A->Value, A->Site) || Flow.mayBeDifferentiated(A->Target, A->Site) ||
+  if (!Flow.holdsGraphAt(A->Value, A->Site) || Flow.mayBeDifferentiated(A->Target, A->Site) ||
       !Reported.first(siteLoc(A->Site)))
     return;
   auto Fix = detachFix(A->Value, Ctx);

@@ -57,6 +57,58 @@ bool isResultElement(const MemberExpr *ME, const TensorModel &Model) {
   return RD->hasDefinition() && RD->isAggregate() && Model.isTensorType(Field->getType());
 }
 
+// Every value its class gives the device field F: the default member
+// initialiser, each user-written constructor's initialiser (neither: F is
+// unknown), each assignment in a method. Code outside the class is taken not
+// to set a device member.
+bool fieldValues(const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out) {
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  if (!RD || !RD->hasDefinition())
+    return false;
+  for (const CXXConstructorDecl *C : RD->ctors()) {
+    if (C->isImplicit() || C->isCopyOrMoveConstructor())
+      continue;
+    const Expr *Init = F->getInClassInitializer();
+    for (const CXXCtorInitializer *I : C->inits())
+      if (I->getMember() == F && I->isWritten())
+        Init = I->getInit();
+    if (!Init)
+      return false;
+    Out.push_back(Init);
+  }
+  if (const Expr *Init = F->getInClassInitializer())
+    Out.push_back(Init);
+  llvm::SmallVector<const Stmt *, 64> Work;
+  for (const CXXMethodDecl *M : RD->methods())
+    if (const FunctionDecl *Def = M->getDefinition(); Def && !isa<CXXConstructorDecl>(M))
+      Work.push_back(Def->getBody());
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    auto [L, R] = assignmentSides(S);
+    if (const auto *ME = L ? dyn_cast<MemberExpr>(stripHandle(L)) : nullptr;
+        ME && ME->getMemberDecl() == F)
+      Out.push_back(R);
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+  return !Out.empty();
+}
+
+// S moves a tensor to the host: a `cpu()` call or a `kCPU` device.
+bool movesToHost(const Stmt *S) {
+  if (!S)
+    return false;
+  if (const auto *C = dyn_cast<CallExpr>(S))
+    if (const FunctionDecl *F = C->getDirectCallee(); F && F->getIdentifier() && F->getName() == "cpu")
+      return true;
+  if (const auto *D = dyn_cast<DeclRefExpr>(S))
+    if (D->getDecl()->getIdentifier() && D->getDecl()->getName().ends_with("CPU"))
+      return true;
+  return llvm::any_of(S->children(), [](const Stmt *C) { return movesToHost(C); });
+}
+
 StringRef calleeName(const CallExpr *C) {
   const FunctionDecl *F = C->getDirectCallee();
   return F && F->getIdentifier() ? F->getName() : "";
@@ -85,34 +137,58 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
   if (isa<ParmVarDecl>(V) || !V->getInit() ||
       (V->hasGlobalStorage() && !V->getType().isConstQualified()))
     return DeviceKnown::Unknown;
-  const std::pair<const VarDecl *, unsigned> Key{V, IsDevice};
+  const VarKey Key{V, IsDevice};
   if (auto It = Known.find(Key); It != Known.end())
     return It->second;
-  // A variable whose value depends on itself (`x = model(x)`) is not followed.
+  // A variable whose value depends on itself (`x = model(x)`, `h = h + d`):
+  // its initial value, as a hypothesis checked when every value is known.
   if (!InProgress.insert(Key).second) {
-    CutShort = true;
-    return DeviceKnown::Unknown;
+    auto H = Hypothesis.find(Key);
+    Cut.Hyps.insert(Key);
+    Cut.Hard |= H == Hypothesis.end();
+    return H == Hypothesis.end() ? DeviceKnown::Unknown : H->second;
   }
-  const bool OuterCut = std::exchange(CutShort, false);
+  const CutState Outer = std::exchange(Cut, CutState());
   auto Of = [&](const Expr *E) {
     return IsDevice ? deviceNamed(E, Depth + 1) : deviceOf(E, Depth + 1);
   };
   DeviceKnown D = Of(V->getInit());
+  if (onCUDA(D))
+    Hypothesis[Key] = D;
   if (auto It = Assigned.find(V); It != Assigned.end())
     for (const Expr *R : It->second)
       D = meet(D, Of(R));
+  // D is the hypothesis (confirmed) or weaker (a sound answer either way).
+  Hypothesis.erase(Key);
   InProgress.erase(Key);
-  if (!CutShort) // an answer cut short by a cycle or the hop bound is not V's own
+  Cut.Hyps.erase(Key);
+  if (!Cut.Hard && Cut.Hyps.empty()) // else not V's own answer: a bound, or another's hypothesis
     Known[Key] = D;
-  CutShort |= OuterCut;
+  Cut.Hard |= Outer.Hard;
+  Cut.Hyps.insert(Outer.Hyps.begin(), Outer.Hyps.end());
   return D;
+}
+
+// A device member (`torch::Device device_;` set to kCUDA in the constructor):
+// what every value its class gives it names.
+DeviceKnown DeviceFacts::ofField(const FieldDecl *F, unsigned Depth) {
+  if (auto It = FieldKnown.find(F); It != FieldKnown.end())
+    return It->second;
+  FieldKnown[F] = DeviceKnown::Unknown;
+  llvm::SmallVector<const Expr *, 4> Values;
+  if (!fieldValues(F, Values))
+    return DeviceKnown::Unknown;
+  DeviceKnown D = deviceNamed(Values.front(), Depth + 1);
+  for (const Expr *V : llvm::drop_begin(Values))
+    D = meet(D, deviceNamed(V, Depth + 1));
+  return FieldKnown[F] = D;
 }
 
 DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
   if (!E)
     return DeviceKnown::Unknown;
   if (Depth > kMaxHops) {
-    CutShort = true;
+    Cut.Hard = true;
     return DeviceKnown::Unknown;
   }
   E = stripHandle(E)->IgnoreImplicit();
@@ -125,6 +201,9 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
     const auto *V = dyn_cast<VarDecl>(DRE->getDecl());
     return V ? ofVar(V, true, Depth) : DeviceKnown::Unknown;
   }
+  if (const auto *ME = dyn_cast<MemberExpr>(E))
+    if (const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl()))
+      return ofField(F, Depth);
   if (const auto *S = dyn_cast<StringLiteral>(E))
     return S->getString().starts_with("cuda")  ? DeviceKnown::CUDA
            : S->getString().starts_with("cpu") ? DeviceKnown::NotCUDA
@@ -193,8 +272,14 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
     }
     return deviceOf(Obj, Depth); // every other tensor method keeps self's device
   }
-  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C))
-    return anyArgument(OC, Depth);    // operands share a device
+  if (Obj && llvm::is_contained({"back", "front", "at"}, N) && !Model.isTensorExpr(Obj))
+    return deviceOf(Obj, Depth); // an element of a list of tensors, as `[i]`
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
+    // `halves[0]` of `auto halves = t.chunk(2)`: the list's device.
+    if (OC->getOperator() == OO_Subscript && !Model.isTensorExpr(OC->getArg(0)))
+      return deviceOf(OC->getArg(0), Depth);
+    return anyArgument(OC, Depth); // operands share a device
+  }
   if (isStdMoveLike(C) || N == "get") // std::get<0>(t.max(1)): the tuple's tensors
     return C->getNumArgs() ? deviceOf(C->getArg(0), Depth) : DeviceKnown::Unknown;
   const sem::OpInfo *Op = sem::lookup(N);
@@ -203,7 +288,10 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
        N == "from_blob"))
     return ofFactory(C, Depth);
   // torch::nll_loss(out, target), model->forward(x), a function of ours: a
-  // CUDA input means a CUDA computation.
+  // CUDA input means a CUDA computation, unless ours moves something to the host.
+  if (const FunctionDecl *Def = C->getDirectCallee() ? C->getDirectCallee()->getDefinition() : nullptr;
+      Def && !isTensorApi(Def) && movesToHost(Def->getBody()))
+    return DeviceKnown::Unknown;
   return anyArgument(C, Depth);
 }
 
@@ -211,7 +299,7 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
   if (!E)
     return DeviceKnown::Unknown;
   if (Depth > kMaxHops) {
-    CutShort = true;
+    Cut.Hard = true;
     return DeviceKnown::Unknown;
   }
   E = stripHandle(E)->IgnoreImplicit();

@@ -36,6 +36,7 @@ public:
 
 private:
   DeviceKnown ofVar(const VarDecl *V, bool IsDevice, unsigned Depth);
+  DeviceKnown ofField(const FieldDecl *F, unsigned Depth);
   DeviceKnown ofCall(const CallExpr *C, unsigned Depth);
   DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
@@ -44,11 +45,20 @@ private:
   ASTContext &Ctx;
   /// Every value assigned to a local variable after its declaration.
   llvm::DenseMap<const VarDecl *, llvm::SmallVector<const Expr *, 2>> Assigned;
-  /// ofVar's answers (a variable, as a device or a tensor), and the ones in
-  /// progress; CutShort: the answer being computed met a cycle or the bound.
-  llvm::DenseMap<std::pair<const VarDecl *, unsigned>, DeviceKnown> Known;
-  llvm::DenseSet<std::pair<const VarDecl *, unsigned>> InProgress;
-  bool CutShort = false;
+  /// ofVar's answers (a variable, as a device or a tensor), the ones in
+  /// progress, and the hypotheses of those (their initial value, when CUDA).
+  using VarKey = std::pair<const VarDecl *, unsigned>;
+  llvm::DenseMap<VarKey, DeviceKnown> Known, Hypothesis;
+  llvm::DenseSet<VarKey> InProgress;
+  /// What the answer being computed rests on: the hop bound or a cycle
+  /// without a hypothesis (Hard), the hypotheses of variables in progress.
+  struct CutState {
+    bool Hard = false;
+    llvm::SmallDenseSet<VarKey, 2> Hyps;
+  };
+  CutState Cut;
+  /// ofField's answers (Unknown while in progress: a field set from itself).
+  llvm::DenseMap<const FieldDecl *, DeviceKnown> FieldKnown;
 };
 
 } // namespace clang::tidy::tensor

@@ -403,8 +403,13 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
     return evalOp(Call, *Op, St); // requires_grad_ is a table row too, not differentiable
   if (MC)
     return evalMemberCall(MC, St);
-  if (isa<CXXOperatorCallExpr>(Call))
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
+    // Comparisons (`w == 0`) and bitwise ops are not differentiable.
+    const sem::OpInfo *Op = sem::lookup(operatorOpName(OC));
+    if (Op && Op->autograd == sem::Autograd::NotDifferentiable)
+      return {GradKind::NoGrad, nullptr};
     return combineInputs(Call, St); // tensor arithmetic: `a * b`, `-a`
+  }
   if (FD && isInNamespace(FD, {"tt", "at", "c10", "torch"})) {
     if (FD->getName() == "requires_grad")
       return optionsFact(Call);

@@ -46,9 +46,12 @@ bool outlivesIteration(const ValueDecl *Root, const Stmt *Loop, LoopAnalysis &LA
 
 // ------------------------------------------------------- requires grad --
 
-bool KeptValueFlow::requiresGradAt(const Expr *E, const Stmt *At) const {
+bool KeptValueFlow::holdsGraphAt(const Expr *E, const Stmt *At) const {
   const GradFacts *GF = AnalysisManager::get(Model, Ctx).gradAt(At);
-  return GF && GF->gradEnabledAt(At) && GF->factOf(E).requiresGrad() == Tri::Yes;
+  if (!GF || !GF->gradEnabledAt(At))
+    return false;
+  GradFact F = GF->factOf(E);
+  return F.requiresGrad() == Tri::Yes && F.Kind != GradKind::Leaf;
 }
 
 // ------------------------------------------------- may be differentiated --

@@ -28,9 +28,10 @@ class KeptValueFlow {
 public:
   KeptValueFlow(const TensorModel &Model, ASTContext &Ctx) : Model(Model), Ctx(Ctx) {}
 
-  /// E certainly requires grad at At, with grad mode on there (the autograd
-  /// facts, GradFacts); false when it does not or the code does not say.
-  bool requiresGradAt(const Expr *E, const Stmt *At) const;
+  /// E certainly holds an autograd graph at At: it requires grad, with grad
+  /// mode on there, and is not a leaf (a parameter holds no graph; GradFacts);
+  /// false when it does not or the code does not say.
+  bool holdsGraphAt(const Expr *E, const Stmt *At) const;
 
   /// The state Target names, or what is derived from it, may be
   /// differentiated: it reaches backward()/autograd::grad, a return of a

@@ -157,6 +157,10 @@ TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime, DeviceFacts *Vars)
       *Runtime = true;
     return TensorFact::Accelerator;
   }
+  // `device_` set to kCUDA by its class's constructor.
+  if (DeviceKnown K = isa<MemberExpr>(A) && Vars ? Vars->deviceNamed(A) : DeviceKnown::Unknown;
+      K == DeviceKnown::CUDA || K == DeviceKnown::NotCUDA)
+    return K == DeviceKnown::CUDA ? TensorFact::Accelerator : TensorFact::CPU;
   if (const auto *CE = dyn_cast<CXXConstructExpr>(A); CE && CE->getNumArgs() >= 1)
     return deviceOf(CE->getArg(0), Runtime, Vars) == TensorFact::CPU ? TensorFact::CPU
                                                                      : TensorFact::Accelerator;
@@ -359,7 +363,7 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     // `out.logits` of `auto out = net->forward(x)`: on the module's input's device.
     if (const CallExpr *Module = structResultOf(ME))
       return onInputDevice(F, Model.tensorOperand(moduleInput(Module)), S);
-    return F;
+    return onCertainCUDA(F, ME); // `kp.coords` of `auto kp = decode(hm)`, hm on CUDA
   }
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))
     return evalOperator(OC, S);
@@ -390,6 +394,8 @@ TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, Sta
       trackStorage(C, R);
       return R;
     }
+    if (Model.isTensorExpr(OC) && !Model.isTensorExpr(OC->getArg(0)))
+      return onCertainCUDA(assumedResult(OC), OC);
     [[fallthrough]];
   case OO_Call:
     if (isModuleCall(OC) && OC->getNumArgs() >= 2)
@@ -496,6 +502,18 @@ std::optional<TensorFact> LayoutAnalysis::Impl::calleeResult(const CallExpr *Cal
   return importFact(*R, Call, Def);
 }
 
+// F, a value taken with the defaults, on CUDA where the device facts say E
+// certainly is: an element of a list of tensors (`halves[0]` of `auto halves
+// = t.chunk(2)`), a tensor field of a struct a call returned (`kp.coords` of
+// `auto kp = decode(hm)`, a function given CUDA tensors computing on CUDA).
+TensorFact LayoutAnalysis::Impl::onCertainCUDA(TensorFact F, const Expr *E) {
+  if (DeviceVars && DeviceVars->deviceOf(E) == DeviceKnown::CUDA) {
+    F.Device = TensorFact::Accelerator;
+    F.DeviceAssumed = F.DeviceRuntime = false;
+  }
+  return F;
+}
+
 // A module's output (`m(x)`, `m->forward(x)`): what a forward of the TU
 // returns, on the device of its input, as every layer computes (a module
 // whose parameters are elsewhere throws).
@@ -506,17 +524,65 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
   std::optional<TensorFact> R = FD ? calleeResult(Call, FD) : std::nullopt;
   const Expr *T = Model.tensorOperand(Input);
   TensorFact F = R ? *R : assumedResult(Call);
-  if (const Expr *M = R ? nullptr : calledModule(Call);
-      T && M && libraryModuleName(M->getType()) == "Linear") { // [*, in] -> [*, out], a fresh contiguous tensor
-    TensorFact In = evalTensor(T, S);
-    if (In.Sizes && !In.Sizes->empty()) {
-      Shape Sz = *In.Sizes;
-      Sz.back() = ST.sym(Call, (std::int64_t)Sz.size());
-      setContiguous(F, Sz);
-      F.Src = F.Root = Call;
-    }
-  }
+  if (const Expr *M = R ? nullptr : calledModule(Call); T && M)
+    libraryModuleLayout(libraryModuleName(M->getType()), Call, evalTensor(T, S), F);
   return onInputDevice(F, T, S);
+}
+
+// Library modules whose output has their input's sizes: activations and
+// dropout (elementwise: contiguous when the input is), normalisations (a
+// contiguous result whatever the input).
+static bool keepsInputShape(llvm::StringRef Name, bool &AlwaysContiguous) {
+  AlwaysContiguous = llvm::is_contained({"LayerNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+                                         "GroupNorm", "InstanceNorm1d", "InstanceNorm2d",
+                                         "InstanceNorm3d", "LocalResponseNorm"},
+                                        Name);
+  return AlwaysContiguous ||
+         llvm::is_contained({"Dropout", "Dropout2d", "Dropout3d", "AlphaDropout", "ReLU", "ReLU6",
+                             "LeakyReLU", "PReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish",
+                             "Sigmoid", "Tanh", "Softplus", "Softsign", "Hardtanh", "Hardswish",
+                             "Hardsigmoid", "LogSigmoid", "Softmax", "LogSoftmax", "Softmin"},
+                            Name);
+}
+
+// How many leading dims of its input a convolution or pooling module keeps
+// (the batch; pooling also the channels); the others get fresh sizes. None
+// for other modules, or an input of a rank the module rejects.
+static std::optional<size_t> keptLeadingDims(llvm::StringRef Name, size_t Rank) {
+  bool Pool = Name.starts_with("MaxPool") || Name.starts_with("AvgPool");
+  if (!Pool && !Name.starts_with("Conv"))
+    return std::nullopt;
+  char D = Name.size() > 2 && Name.ends_with("d") ? Name[Name.size() - 2] : 0; // Conv2d
+  size_t Spatial = D >= '1' && D <= '3' ? D - '0' : 0;
+  if (!Spatial || (Rank != Spatial + 1 && Rank != Spatial + 2))
+    return std::nullopt;
+  return (Rank == Spatial + 2 ? 1 : 0) + (Pool ? 1 : 0);
+}
+
+// F, the output of library module Name on input In, where its layout follows
+// from In's: Linear maps [*, in] to a fresh contiguous [*, out], Embedding
+// [*] to [*, dim]; convolutions and pooling keep the rank.
+void LayoutAnalysis::Impl::libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call,
+                                               const TensorFact &In, TensorFact &F) {
+  if (!In.Sizes || In.Sizes->empty())
+    return;
+  Shape Sz = *In.Sizes;
+  bool AlwaysContiguous = false;
+  if (Name == "Linear") {
+    Sz.back() = ST.sym(Call, (std::int64_t)Sz.size());
+  } else if (Name == "Embedding") {
+    Sz.push_back(ST.sym(Call, (std::int64_t)Sz.size()));
+  } else if (auto Kept = keptLeadingDims(Name, Sz.size())) {
+    if (In.Contig != TensorFact::Yes && !Name.starts_with("Conv"))
+      return;
+    for (size_t I = *Kept; I < Sz.size(); ++I)
+      Sz[I] = ST.sym(Call, (std::int64_t)I);
+  } else if (!keepsInputShape(Name, AlwaysContiguous) ||
+             (!AlwaysContiguous && In.Contig != TensorFact::Yes)) {
+    return;
+  }
+  setContiguous(F, Sz);
+  F.Src = F.Root = Call;
 }
 
 // F, what a function of the TU returns, on the device its tensor arguments

@@ -103,6 +103,7 @@ public:
     return layout::constInt(C.arg(I), Ctx);
   }
   std::string describe(const Expr *E) const;
+  TensorFact onCertainCUDA(TensorFact F, const Expr *E);
   TensorFact assumedResult(const Expr *E) const {
     return layout::assumedInput(E, "the result of '" + describe(E) + "'");
   }
@@ -202,6 +203,9 @@ public:
   ConversionTarget targetOf(const OpCall &C);
   std::optional<Shape> broadcast(const Shape &A, const Shape &B) const;
   TensorFact elementwise(const OpCall &C);
+  void libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call, const TensorFact &In,
+                           TensorFact &F);
+  TensorFact mixedLayout(const TensorFact &Self, const TensorFact &O);
   void resultDType(const OpCall &C, TensorFact &R);
   void prescan(const Stmt *St);
   void assignTensor(const VarDecl *V, const Expr *Init, State &S);

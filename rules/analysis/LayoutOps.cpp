@@ -1078,17 +1078,33 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
     TensorFact O = evalTensor(A, C.S);
     if (O.Sizes && C.Self.Sizes && *O.Sizes == *C.Self.Sizes && *O.Strides == *C.Self.Strides)
       continue;
-    // Different layouts: TensorIterator's choice is not modelled, but a
-    // broadcast of contiguous operands is contiguous.
-    std::optional<Shape> B;
-    if (O.Sizes && C.Self.Sizes)
-      B = broadcast(*C.Self.Sizes, *O.Sizes);
-    TensorFact U = unknownLike(C.Self);
-    if (B && O.Contig == TensorFact::Yes && C.Self.Contig == TensorFact::Yes)
-      setContiguous(U, *B);
-    return U;
+    return mixedLayout(C.Self, O);
   }
   return R;
+}
+
+// The result of operands of different layouts. TensorIterator
+// (reorder_dimensions) orders the result's dims by the first operand whose
+// strides tell two dims apart, so a contiguous self of the result's shape with
+// no size-1 dim makes it contiguous whatever the others are; an operand of
+// unknown rank is taken to broadcast into self (a bias, a mask, a scale). A
+// broadcast of contiguous operands is contiguous.
+TensorFact LayoutAnalysis::Impl::mixedLayout(const TensorFact &Self, const TensorFact &O) {
+  TensorFact U = unknownLike(Self);
+  if (!Self.Sizes)
+    return U;
+  std::optional<Shape> B = O.Sizes ? broadcast(*Self.Sizes, *O.Sizes) : Self.Sizes;
+  if (!B)
+    return U;
+  // Self's sizes (all > 1) are the result's when the other has no more dims.
+  bool SelfDecides = Self.Contig == TensorFact::Yes && B->size() == Self.Sizes->size() &&
+                     llvm::none_of(*Self.Sizes, [](const Mono &M) { return M.isConst(1); });
+  if (SelfDecides || (O.Sizes && O.Contig == TensorFact::Yes && Self.Contig == TensorFact::Yes)) {
+    setContiguous(U, SelfDecides ? *Self.Sizes : *B);
+    U.Assumed = Self.Assumed;
+    U.AssumedSource = Self.AssumedSource;
+  }
+  return U;
 }
 
 static bool isFloatingDType(llvm::StringRef N) {

@@ -230,3 +230,83 @@ torch::Tensor logProbs(const torch::Tensor &logitsCpu) {
 torch::Tensor mixedArgs(const torch::Tensor &a, const torch::Tensor &b) {
   return asFloat(a.cuda()) + asFloat(b); // b's device is not known
 }
+
+// A device member is what every value its class gives it names: kCUDA in
+// the one constructor here. An element of a list of tensors is on the list's
+// device (`chunk` keeps its input's).
+class GuidedSampler {
+public:
+  GuidedSampler() : device_(torch::kCUDA) {}
+  torch::Tensor guide(torch::nn::Linear &net, const std::vector<double> &guidance) {
+    auto x = torch::randn({4, 8}, torch::TensorOptions().device(device_));
+    auto scales = torch::tensor(guidance); // [B] on the CPU
+    auto halves = net->forward(x).chunk(2);
+    auto cond = halves[0], uncond = halves[1];
+    return uncond + scales.view({-1, 1}) * (cond - uncond);
+    // CHECK-MESSAGES: :[[@LINE-1]]:42: error: '*' combines the CPU tensor 'scales.view({-1, 1})' with '(cond - uncond)'
+  }
+  torch::Tensor scalarGuide(torch::nn::Linear &net, double g) {
+    auto out = net->forward(torch::randn({4, 8}, torch::TensorOptions().device(device_)));
+    return out * torch::tensor(g); // a 0-dim CPU tensor: allowed
+  }
+
+private:
+  torch::Device device_;
+};
+
+// Not known: the device comes from the caller, or the class gives it two.
+class ChosenDevice {
+public:
+  explicit ChosenDevice(torch::Device d) : device_(d) {}
+  torch::Tensor shift(torch::nn::Linear &net, int64_t n) {
+    return net->forward(torch::randn({4, 8}, device_)) + torch::ones({n});
+  }
+  torch::Device device_;
+};
+class SwitchedDevice {
+public:
+  SwitchedDevice() : device_(torch::kCUDA) {}
+  void toHost() { device_ = torch::kCPU; }
+  torch::Tensor shift(torch::nn::Linear &net, int64_t n) {
+    return net->forward(torch::randn({4, 8}, device_)) + torch::ones({n});
+  }
+  torch::Device device_;
+};
+torch::Tensor collected(torch::nn::Linear &net, const torch::Tensor &x, int64_t n) {
+  std::vector<torch::Tensor> parts;
+  parts.push_back(net->forward(x.cuda()));
+  return parts[0] + torch::ones({n}); // a list filled elsewhere: not followed
+}
+
+// A tensor field of the struct a function of the TU returns, given CUDA
+// tensors: on CUDA (the last of a module's list of outputs, too), unless the
+// function moves something to the host.
+struct Peaks {
+  torch::Tensor coords, conf;
+};
+Peaks decodePeaks(const torch::Tensor &hm) {
+  auto flat = hm.flatten(2);
+  auto [conf, idx] = flat.max(-1);
+  return {idx.to(torch::kFloat), conf};
+}
+Peaks hostPeaks(const torch::Tensor &hm) {
+  auto [conf, idx] = hm.flatten(2).max(-1);
+  return {idx.to(torch::kFloat).cpu(), conf.cpu()};
+}
+struct StackedImpl : torch::nn::Module {
+  std::vector<torch::Tensor> forward(torch::Tensor x) { return {x, x * 2}; }
+};
+TORCH_MODULE(Stacked);
+torch::Tensor toInput(Stacked &net, const torch::Tensor &images) {
+  torch::Device device(torch::kCUDA);
+  auto scale = torch::tensor({4.0f, 4.0f});
+  auto hm = net->forward(images.to(device)).back();
+  auto kp = decodePeaks(hm);
+  return kp.coords * scale;
+  // CHECK-MESSAGES: :[[@LINE-1]]:20: error: '*' combines the CPU tensor 'scale' with 'kp.coords'
+}
+torch::Tensor toInputHost(Stacked &net, const torch::Tensor &images) {
+  auto scale = torch::tensor({4.0f, 4.0f});
+  auto kp = hostPeaks(net->forward(images.cuda()).back());
+  return kp.coords * scale; // hostPeaks moves its results to the host
+}

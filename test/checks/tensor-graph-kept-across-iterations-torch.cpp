@@ -283,3 +283,19 @@ void microBatches(torch::nn::Linear &net, torch::optim::Optimizer &opt,
     // CHECK-FIXES: {{^}}    epoch_loss += micro_total.detach();{{$}}
   }
 }
+
+// Leaves hold no graph: collecting parameters for an optimizer keeps none.
+// Comparisons are not differentiable: a count of zero weights keeps none.
+struct AdapterImpl : torch::nn::Module {
+  AdapterImpl() { A = register_parameter("A", torch::randn({4, 8})); }
+  torch::Tensor A;
+};
+TORCH_MODULE(Adapter);
+void collect(std::vector<Adapter> &adapters, torch::nn::Linear &net) {
+  std::vector<torch::Tensor> trainable, zeros;
+  for (auto &a : adapters)
+    trainable.push_back(a->A);
+  for (auto &p : net->parameters())
+    zeros.push_back((p == 0).sum());
+  torch::optim::SGD opt(trainable, 0.1);
+}

@@ -133,3 +133,43 @@ struct SeqClassifierImpl : torch::nn::Module {
   torch::nn::GRU gru{nullptr};
   torch::nn::Linear head{nullptr};
 };
+
+// Head merges after the layers real blocks put between the split and the
+// merge: a library module that keeps its input's shape (Dropout), a bias
+// of unknown rank (taken to broadcast into the activations), a sum whose
+// first operand is contiguous (TensorIterator lays the result out as it).
+struct RelAttentionImpl : torch::nn::Module {
+  torch::Tensor merged(torch::Tensor x, int64_t B, int64_t T, int64_t C) {
+    auto q = x.view({B, T, 4, -1}).transpose(1, 2), v = q;
+    auto attn = drop(torch::softmax(torch::matmul(q, q.transpose(-2, -1)), -1));
+    return torch::matmul(attn, v).transpose(1, 2).reshape({B, T, C});
+    // CHECK-MESSAGES: :[[@LINE-1]]:51: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+  }
+  torch::Tensor biased(torch::Tensor x, int64_t B, int64_t T, int64_t H) {
+    auto q = x.view({B, T, H, -1});
+    return (q + pos_bias).transpose(1, 2).reshape({B, H, -1});
+    // CHECK-MESSAGES: :[[@LINE-1]]:43: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+  }
+  torch::Tensor shifted(torch::Tensor ac, torch::Tensor x, int64_t B, int64_t T) {
+    auto a = ac.view({B, T, 4, 4});
+    auto bd = x.view({B, T, 4, 8}).narrow(-1, 0, 4); // not contiguous
+    return (a + bd).transpose(1, 2).reshape({B, 4, -1});
+    // CHECK-MESSAGES: :[[@LINE-1]]:37: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+  }
+  // Not claimed: the first operand's layout decides, and it is not known.
+  torch::Tensor biasFirst(torch::Tensor x, int64_t B, int64_t T, int64_t H) {
+    auto q = x.view({B, T, H, -1});
+    return (pos_bias + q).transpose(1, 2).reshape({B, H, -1});
+  }
+  torch::Tensor transposedFirst(torch::Tensor x, int64_t B, int64_t T, int64_t H) {
+    auto q = x.view({B, T, H, -1});
+    auto k = x.view({B, H, T, -1}).transpose(1, 2);
+    return (k + q).transpose(1, 2).reshape({B, H, -1}); // k's layout: the merge may be a view
+  }
+  torch::Tensor activation(torch::Tensor x, int64_t B, int64_t T) {
+    return act(x.view({B, T, 4, -1}).transpose(1, 2)).reshape({B, 4, -1}); // GELU keeps the strides
+  }
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::GELU act{nullptr};
+  torch::Tensor pos_bias;
+};

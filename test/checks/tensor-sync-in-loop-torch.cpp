@@ -172,3 +172,28 @@ void epochs(Net &model, torch::optim::Optimizer &opt, const std::vector<Batch> &
     std::cout << "epoch " << e << " " << smoothed.item<double>() << "\n";
   }
 }
+
+// A variable computed from itself in the loop (`x = a * x + b`) is on CUDA
+// when its first value is and every value computed from it is: induction.
+void denoise(torch::nn::Linear &net, int64_t steps) {
+  torch::NoGradGuard no_grad;
+  torch::Device device(torch::kCUDA);
+  auto x = torch::randn({8, 16}, device);
+  for (int64_t i = 0; i < steps; ++i) {
+    auto eps = net->forward(x);
+    auto x0 = (x - 0.1 * eps).clone();
+    x0.clamp_(-1, 1);
+    x = 0.9 * x0 + 0.1 * eps;
+    std::cout << x0.abs().mean().item<float>() << "\n";
+    // CHECK-MESSAGES: :[[@LINE-1]]:34: warning: 'item' of CUDA tensor 'x0.abs().mean()' copies it to the host
+  }
+}
+// Not claimed: one value it is given moves it to the host.
+void denoiseHost(torch::nn::Linear &net, int64_t steps) {
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({8, 16}, torch::kCUDA);
+  for (int64_t i = 0; i < steps; ++i) {
+    x = net->forward(x).cpu();
+    std::cout << x.abs().mean().item<float>() << "\n";
+  }
+}

@@ -186,3 +186,27 @@ struct EmissionsImpl : torch::nn::Module {
   torch::nn::GRU gru{nullptr};
   torch::nn::Linear out{nullptr};
 };
+
+// A convolution keeps its input's rank and batch and makes a contiguous
+// output; a residual sum whose first operand is that output is laid out as
+// it (TensorIterator), so frames are not rows of its transpose.
+struct TemporalConvImpl : torch::nn::Module {
+  torch::Tensor residual(torch::Tensor pooled, int64_t T) {
+    const auto N = pooled.size(0) / T, C = pooled.size(1);
+    auto seq = pooled.view({N, T, C}).transpose(1, 2);
+    auto feat = torch::relu(tconv(seq)) + seq;
+    return feat.transpose(1, 2).view({N * T, C});
+    // CHECK-MESSAGES: :[[@LINE-1]]:33: warning: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1
+  }
+  torch::Tensor seqFirst(torch::Tensor pooled, int64_t T) {
+    const auto N = pooled.size(0) / T, C = pooled.size(1);
+    auto seq = pooled.view({N, T, C}).transpose(1, 2);
+    auto feat = seq + torch::relu(tconv(seq)); // laid out as seq: the transpose is contiguous
+    return feat.transpose(1, 2).view({N * T, C});
+  }
+  torch::Tensor pooledMap(torch::Tensor x) {
+    return pool(x.view({x.size(0), 3, 32, 32})).view({x.size(0), -1}); // pooling a contiguous input
+  }
+  torch::nn::Conv1d tconv{nullptr};
+  torch::nn::MaxPool2d pool{nullptr};
+};
