@@ -60,10 +60,13 @@ bool isResultElement(const MemberExpr *ME, const TensorModel &Model) {
 // Every value its class gives the device field F: the default member
 // initialiser, each user-written constructor's initialiser (neither: F is
 // unknown), each assignment in a method. Code outside the class is taken not
-// to set a device member.
+// to set it, so F must be private or protected, or its class must set it in a
+// constructor: a public field of a plain config struct is set by the code
+// that fills the config.
 bool fieldValues(const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out) {
   const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
-  if (!RD || !RD->hasDefinition())
+  if (!RD || !RD->hasDefinition() ||
+      (F->getAccess() == AS_public && !RD->hasUserDeclaredConstructor()))
     return false;
   for (const CXXConstructorDecl *C : RD->ctors()) {
     if (C->isImplicit() || C->isCopyOrMoveConstructor())

@@ -310,3 +310,11 @@ torch::Tensor toInputHost(Stacked &net, const torch::Tensor &images) {
   auto kp = hostPeaks(net->forward(images.cuda()).back());
   return kp.coords * scale; // hostPeaks moves its results to the host
 }
+// A public field of a config struct: the code that fills the config sets it.
+struct RunConfig {
+  torch::Device device = torch::kCPU;
+};
+torch::Tensor configured(const RunConfig &cfg, int64_t n) {
+  auto h = torch::ones({n}, cfg.device);
+  return h + torch::ones({n}).cuda(); // cfg.device may be CUDA
+}
