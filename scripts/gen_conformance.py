@@ -279,6 +279,12 @@ def detaches():
          Case("detach", "leaf-requires-grad", requires_grad=True),
          Case("detach", "non-leaf", requires_grad=True, pre=pre_mul, self_name="y"),
          Case("detach", "transposed", "transposed")]
+    # detach_() changes autograd metadata only: a leaf that required grad stops requiring it
+    c += [Case("detach_", "contiguous"),
+          Case("detach_", "leaf-requires-grad", requires_grad=True),
+          Case("detach_", "non-leaf", requires_grad=True, pre=pre_mul, self_name="y"),
+          Case("detach_", "view-of-leaf", "transposed", requires_grad=True,
+               error="Can't detach views in-place")]
     for row in ("data", "variable_data"):
         c += [Case(row, "contiguous"),
               Case(row, "leaf-requires-grad", requires_grad=True),
@@ -699,7 +705,7 @@ def run_case(case, rows):
     torch.manual_seed(0)
     env = {}
     for name, spec in case.tensors.items():
-        t = torch.tensor(spec["values"], dtype=DTYPES[spec["dtype"]]).reshape(spec["sizes"])
+        t = torch.tensor(spec["values"], dtype=DTYPES[spec["dtype"]]).reshape(spec["sizes"]).clone()  # a leaf, not a view of the flat values
         env[name] = t.requires_grad_(spec["requires_grad"])
     expect = {"error": None}
     grad_mode = []

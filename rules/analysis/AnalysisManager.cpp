@@ -83,7 +83,7 @@ LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
 
 const GradFacts *AnalysisManager::gradAt(const Stmt *S) {
   return cachedFor(S, Grads, [this](const FunctionDecl *FD) {
-    auto G = std::make_unique<GradFacts>(Model, Ctx);
+    auto G = std::make_unique<GradFacts>(Model, Ctx, &frozen());
     InGrad.insert(FD);
     bool Off = gradOffAtEntry(FD);
     G->run(FD, Off, Off ? GradFacts::EntryFacts{} : gradOfParams(FD));
@@ -96,6 +96,12 @@ CallSites &AnalysisManager::calls() {
   if (!Calls)
     Calls.emplace(Ctx);
   return *Calls;
+}
+
+const FrozenParameters &AnalysisManager::frozen() {
+  if (!Frozen)
+    Frozen.emplace(calls());
+  return *Frozen;
 }
 
 // Leaf or not is left unknown (RequiresGrad): a caller's leaf and another's

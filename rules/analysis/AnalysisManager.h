@@ -6,6 +6,7 @@
 #include "analysis/AliasAnalysis.h"
 #include "analysis/CallSites.h"
 #include "analysis/DeviceFacts.h"
+#include "analysis/FrozenParameters.h"
 #include "analysis/GradFacts.h"
 #include "analysis/LayoutAnalysis.h"
 #include "analysis/LoopAnalysis.h"
@@ -53,11 +54,13 @@ private:
   /// grad mode is off at S; none when it may not require grad.
   std::optional<const Expr *> gradArgument(const CallSites::Site &S, unsigned I);
   CallSites &calls();
+  const FrozenParameters &frozen();
 
   const TensorModel &Model;
   ASTContext &Ctx;
   llvm::DenseSet<const FunctionDecl *> InLayout; // being analysed
   std::optional<CallSites> Calls;                // built on first use
+  std::optional<FrozenParameters> Frozen;        // built on first use
   llvm::DenseSet<const FunctionDecl *> InEntryQuery;
   llvm::DenseSet<const FunctionDecl *> InGrad; // autograd facts being computed
   AliasAnalysis Alias;

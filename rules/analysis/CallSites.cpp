@@ -80,4 +80,12 @@ std::optional<llvm::ArrayRef<CallSites::Site>> CallSites::of(const FunctionDecl 
   return llvm::ArrayRef<Site>(It->second);
 }
 
+std::vector<CallSites::Site> CallSites::named(llvm::ArrayRef<llvm::StringRef> Names) const {
+  std::vector<Site> Out;
+  for (const auto &[FD, Sites] : Calls)
+    if (FD->getIdentifier() && llvm::is_contained(Names, FD->getName()))
+      Out.insert(Out.end(), Sites.begin(), Sites.end());
+  return Out;
+}
+
 } // namespace clang::tidy::tensor

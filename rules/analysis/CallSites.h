@@ -10,6 +10,7 @@
 #include "llvm/ADT/SmallVector.h"
 
 #include <optional>
+#include <vector>
 
 namespace clang::tidy::tensor {
 
@@ -28,6 +29,9 @@ public:
   /// where the index cannot see: it is virtual, or used other than by a
   /// direct call (its address taken, passed as a callback).
   std::optional<llvm::ArrayRef<Site>> of(const FunctionDecl *FD) const;
+
+  /// Every call in the main file of a function or method with one of Names.
+  std::vector<Site> named(llvm::ArrayRef<llvm::StringRef> Names) const;
 
 private:
   llvm::DenseMap<const FunctionDecl *, llvm::SmallVector<Site, 2>> Calls;

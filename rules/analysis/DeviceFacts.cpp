@@ -293,9 +293,16 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
   // torch::nll_loss(out, target), model->forward(x), a function of ours: a
   // CUDA input means a CUDA computation, unless ours moves something to the host.
   if (const FunctionDecl *Def = C->getDirectCallee() ? C->getDirectCallee()->getDefinition() : nullptr;
-      Def && !isTensorApi(Def) && movesToHost(Def->getBody()))
+      Def && !isTensorApi(Def) && bodyMovesToHost(Def))
     return DeviceKnown::Unknown;
   return anyArgument(C, Depth);
+}
+
+bool DeviceFacts::bodyMovesToHost(const FunctionDecl *Def) {
+  auto [It, New] = HostMovers.try_emplace(Def, false);
+  if (New)
+    It->second = movesToHost(Def->getBody());
+  return It->second;
 }
 
 DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {

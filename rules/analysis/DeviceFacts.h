@@ -40,6 +40,8 @@ private:
   DeviceKnown ofCall(const CallExpr *C, unsigned Depth);
   DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
+  /// Def's body moves a tensor to the host (`cpu()`, `kCPU`); memoised.
+  bool bodyMovesToHost(const FunctionDecl *Def);
 
   const TensorModel &Model;
   ASTContext &Ctx;
@@ -59,6 +61,7 @@ private:
   CutState Cut;
   /// ofField's answers (Unknown while in progress: a field set from itself).
   llvm::DenseMap<const FieldDecl *, DeviceKnown> FieldKnown;
+  llvm::DenseMap<const FunctionDecl *, bool> HostMovers;
 };
 
 } // namespace clang::tidy::tensor

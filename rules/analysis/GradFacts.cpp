@@ -2,6 +2,7 @@
 
 #include "analysis/AstHelpers.h"
 #include "analysis/Dataflow.h"
+#include "analysis/FrozenParameters.h"
 
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
@@ -235,6 +236,8 @@ struct GradFacts::Impl {
     bool On = Call->getNumArgs() == 0 || isTrue(Call->getArg(0), Ctx);
     return On ? GradFact{GradKind::Leaf, Call} : GradFact{GradKind::NoGrad, nullptr};
   }
+  // Parameters of a module the file freezes may not require grad.
+  bool frozen(const Expr *Owner) const { return G.Frozen && G.Frozen->covers(Owner); }
   bool parameterField(const FieldDecl *F) const {
     auto [It, New] = ParamFields.try_emplace(F, false);
     if (New)
@@ -358,7 +361,7 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
       llvm::StringSwitch<bool>(N)
           .Cases("parameters", "named_parameters", "param_groups", "params", true)
           .Default(false))
-    return {GradKind::Leaf, Call};
+    return frozen(Obj) ? GradFact{} : GradFact{GradKind::Leaf, Call};
   if (N == "forward" && isModuleRecord(M->getParent()))
     return isParameterFreeModule(Obj->getType())
                ? combineInputs(Call, St)
@@ -439,7 +442,7 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
   if (const auto *ME = dyn_cast<MemberExpr>(E)) {
     const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
     if (F && parameterField(F))
-      return {GradKind::Leaf, ME};
+      return frozen(ME->getBase()) ? GradFact{} : GradFact{GradKind::Leaf, ME};
     // A tensor field of a module's result (the struct a `forward` returns)
     // follows it, as `auto [a, b] = net(x)` does.
     if (F && !ME->isArrow() && Model.isTensorType(F->getType())) {
@@ -489,6 +492,8 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
   // `w.requires_grad_()` changes w itself.
   if (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad")
     St[DRE->getDecl()] = evalRequiresGradCall(MC, St);
+  else if (M->getName() == "detach_" && Model.isTensorExpr(MC->getImplicitObjectArgument()))
+    St[DRE->getDecl()] = {GradKind::NoGrad, nullptr}; // now a leaf that does not require grad
   // After `loss.backward()` returns, loss requires grad: PyTorch throws "does
   // not require grad" otherwise (a sum started from zeros({}) in a loop).
   if (M->getName() == "backward" && Model.isTensorExpr(MC->getImplicitObjectArgument()))
@@ -498,7 +503,8 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
 
 // --- GradFacts -----------------------------------------------------------------------------
 
-GradFacts::GradFacts(const TensorModel &Model, ASTContext &Ctx) : Model(Model), Ctx(Ctx) {}
+GradFacts::GradFacts(const TensorModel &Model, ASTContext &Ctx, const FrozenParameters *Frozen)
+    : Model(Model), Ctx(Ctx), Frozen(Frozen) {}
 GradFacts::~GradFacts() = default;
 
 void GradFacts::run(const FunctionDecl *FD, bool OffAtEntry, EntryFacts Entry) {

@@ -22,6 +22,8 @@ class CFGBlock;
 
 namespace clang::tidy::tensor {
 
+class FrozenParameters;
+
 enum class GradKind : std::uint8_t {
   Unknown,      // the code does not say
   NoGrad,       // does not require grad: plain factories, detach(), data(), grad(),
@@ -54,7 +56,8 @@ struct GradFact {
 
 class GradFacts {
 public:
-  GradFacts(const TensorModel &Model, ASTContext &Ctx);
+  /// Frozen: the modules whose parameters the file freezes (none if null).
+  GradFacts(const TensorModel &Model, ASTContext &Ctx, const FrozenParameters *Frozen = nullptr);
   ~GradFacts();
 
   /// Facts of FD's parameters at its entry (from its callers).
@@ -93,6 +96,7 @@ public:
 private:
   const TensorModel &Model;
   ASTContext &Ctx;
+  const FrozenParameters *Frozen;
   llvm::DenseMap<const Expr *, GradFact> Facts;
   llvm::DenseSet<const Stmt *> NoGradStmts;
   bool GradOffAtEntry = false;

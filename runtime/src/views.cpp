@@ -763,7 +763,7 @@ Tensor Tensor::detach(SourceLocation loc) const {
 
 Tensor &Tensor::detach_(SourceLocation loc) const {
   trace::Scope scope("detach_", loc);
-  if (is_view() && autograd::requiresGrad(*this))
+  if (is_view()) // PyTorch 1.13 refuses every view, requiring grad or not
     fail("Can't detach views in-place. Use detach() instead. If you are using DistributedDataParallel (DDP) for "
          "training, and gradient_as_bucket_view is set as True, gradients are views of DDP buckets, and hence "
          "detach_() cannot be called on these gradients. To fix this error, please refer to the "

@@ -236,3 +236,54 @@ void guardedLambda(Net &net) {
   };
   update(0.1);
 }
+
+// A target network: its parameters are frozen (detach_() ends requires_grad,
+// and is legal on a leaf), so the Polyak update writes plain tensors.
+struct QNetImpl : torch::nn::Module {
+  QNetImpl() {
+    q = register_module("q", torch::nn::Linear(4, 4));
+    pi = register_module("pi", torch::nn::Linear(4, 2));
+  }
+  torch::nn::Linear q{nullptr}, pi{nullptr};
+};
+TORCH_MODULE(QNet);
+
+struct Agent {
+  QNet net, target;
+  double polyak = 0.995;
+  Agent() {
+    for (auto &p : target->parameters())
+      p.detach_();
+    for (auto &kv : net->pi->named_parameters())
+      kv.value().set_requires_grad(false);
+  }
+  void softUpdate() {
+    auto src = net->q->parameters();
+    auto dst = target->q->parameters();
+    for (size_t i = 0; i < src.size(); ++i) {
+      dst[i].mul_(polyak);
+      dst[i].add_((1 - polyak) * src[i]);
+    }
+    target->pi->weight.zero_();
+    net->pi->bias.fill_(0);
+    // Not frozen: net's q layer.
+    net->q->weight.mul_(0.5);
+    // CHECK-MESSAGES: :[[@LINE-1]]:20: error: in-place 'mul_' on 'net->q->weight', a leaf tensor
+  }
+};
+
+void detachThenWrite(torch::nn::Linear &lin) {
+  auto w = lin->weight;
+  w.detach_();
+  w.mul_(2);
+}
+
+// Freezing one module says nothing of another's parameters, nor does a loop
+// that turns requires_grad back on.
+void otherModules(QNet &a, QNet &b) {
+  for (auto &p : a->parameters())
+    p.requires_grad_(true);
+  for (auto &p : b->parameters())
+    p.add_(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: error: in-place 'add_' on 'p', a leaf tensor
+}

@@ -348,6 +348,7 @@ Outcome run(const std::string &op, Call &c) {
     return one(s.clamp_(c.optScalar(0, "min"), c.optScalar(1, "max")));
   if (op == "copy_")
     return one(s.copy_(c.tensor(0)));
+  TT_UNARY(detach_)
   TT_BINARY(div_)
   TT_UNARY(exp_)
   if (op == "fill_")

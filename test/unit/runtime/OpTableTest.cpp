@@ -57,6 +57,7 @@ std::map<std::string, Driver> drivers() {
   d["clamp_"] = [](const Tensor &x) { return x.clamp_(0, 1); };
   d["copy_"] = [=](const Tensor &x) { return x.copy_(other(x)); };
   d["div_"] = [](const Tensor &x) { return x.div_(2); };
+  d["detach_"] = [](const Tensor &x) { return x.clone().detach_(); }; // x is a view: refused
   d["exp_"] = [](const Tensor &x) { return x.exp_(); };
   d["fill_"] = [](const Tensor &x) { return x.fill_(3); };
   d["index_put_"] = [](const Tensor &x) { return x.index_put_({0}, 1.0); };
