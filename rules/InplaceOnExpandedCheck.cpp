@@ -16,6 +16,34 @@ static std::string expandName(const TensorFact &F) {
   return "expand";
 }
 
+// A raising write that comes before Write in its function, in source order,
+// on a tensor of the same expand.
+static bool earlierWrite(const Stmt *S, const CallExpr *Write, const TensorFact &F,
+                         const LayoutAnalysis &LA, const TensorModel &Model,
+                         const SourceManager &SM) {
+  if (!S)
+    return false;
+  if (const auto *W = dyn_cast<CallExpr>(S); W && W != Write &&
+                                             SM.isBeforeInTranslationUnit(W->getBeginLoc(),
+                                                                          Write->getBeginLoc())) {
+    std::string Op = writeOpName(W, Model);
+    const TensorFact *G = Op.empty() ? nullptr : LA.factOf(Model.inPlaceTarget(W));
+    if (G && G->Broadcast && G->ExpandCall == F.ExpandCall &&
+        sem::expandedWrite(Op) == sem::ExpandedWrite::Raises)
+      return true;
+  }
+  for (const Stmt *C : S->children())
+    if (earlierWrite(C, Write, F, LA, Model, SM))
+      return true;
+  return false;
+}
+
+bool InplaceOnExpandedCheck::writtenBefore(const CallExpr *Write, const TensorFact &F,
+                                           const LayoutAnalysis &LA, ASTContext &Ctx) const {
+  const FunctionDecl *FD = enclosingFunction(Write, Ctx);
+  return FD && earlierWrite(FD->getBody(), Write, F, LA, Model, Ctx.getSourceManager());
+}
+
 void InplaceOnExpandedCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *Write = Result.Nodes.getNodeAs<CallExpr>("write");
   std::string Op = Write ? writeOpName(Write, Model) : "";
@@ -28,6 +56,8 @@ void InplaceOnExpandedCheck::check(const MatchFinder::MatchResult &Result) {
   if (!F || !F->Broadcast)
     return;
   SourceLocation Loc = reportLoc(Write);
+  if (F->ExpandCall && writtenBefore(Write, *F, *LA, *Result.Context))
+    return;
   if (!Reported.first(Loc))
     return;
   std::string Expand = expandName(*F);

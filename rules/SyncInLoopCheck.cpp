@@ -92,9 +92,39 @@ bool runsStep(const Stmt *S) {
   return isStep(S) || llvm::any_of(S->children(), runsStep);
 }
 
+// S holds a loop of steps outside lambdas.
+bool hasStepLoop(const Stmt *S) {
+  if (!S || isa<LambdaExpr>(S))
+    return false;
+  if (isLoop(S))
+    return runsStep(S);
+  return llvm::any_of(S->children(), hasStepLoop);
+}
+
+// Call runs a function of the TU whose body holds a loop of steps (a tiled
+// inference, an epoch helper): one level deep.
+bool callsStepLoop(const Stmt *S) {
+  const auto *Call = dyn_cast<CallExpr>(S);
+  const FunctionDecl *FD = Call && !isStep(Call) ? Call->getDirectCallee() : nullptr;
+  if (const auto *MD = dyn_cast_or_null<CXXMethodDecl>(FD); MD && isModuleRecord(MD->getParent()))
+    return false; // a module's own loop over its layers is one step
+  const FunctionDecl *Def = FD ? FD->getDefinition() : nullptr;
+  return Def && !isTensorLibraryCode(Def) && hasStepLoop(Def->getBody());
+}
+
+// S makes a step outside lambdas and nested loops: a training step itself.
+bool makesStepItself(const Stmt *S) {
+  if (!S || isa<LambdaExpr>(S) || isLoop(S))
+    return false;
+  return isStep(S) || llvm::any_of(S->children(), makesStepItself);
+}
+
 // Loop runs a loop of steps beside the sync (`for (epoch) { for (batch) {...}
-// log(loss.item()); }`): the sync waits once per pass over the data, not per step.
+// log(loss.item()); }`), itself or, when it makes no step itself, in a
+// function it calls (a tiled inference per image): the sync waits once per
+// pass over the data, not per step.
 bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
+  bool OwnSteps = makesStepItself(loopBody(Loop));
   llvm::SmallVector<const Stmt *, 32> Work{loopBody(Loop)};
   while (!Work.empty()) {
     const Stmt *S = Work.pop_back_val();
@@ -105,6 +135,8 @@ bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
         return true;
       continue;
     }
+    if (!OwnSteps && isa<CallExpr>(S) && callsStepLoop(S) && !contains(S, Sync))
+      return true;
     Work.append(S->child_begin(), S->child_end());
   }
   return false;

@@ -37,6 +37,9 @@ struct Node {
   const Stmt *EscapeSite = nullptr;
   bool Permuted = false; // made by t/transpose/permute (or a handle copy of one)
   bool RequiresGrad = false;
+  // Ext is a field of this local struct variable (`out.logits` of `auto out =
+  // net->forward(x)`): storage of this function, seen only by later reads of it.
+  const VarDecl *FieldOwner = nullptr;
 };
 
 bool addToSet(NodeSet &S, unsigned N) {
@@ -116,6 +119,23 @@ bool hasGradOption(const Stmt *S) {
   return false;
 }
 
+// The variable E names (`v`), or null.
+const ValueDecl *declOf(const Expr *E) {
+  const auto *DRE = dyn_cast<DeclRefExpr>(E->IgnoreParenImpCasts());
+  return DRE ? DRE->getDecl() : nullptr;
+}
+
+// Every `v` of a `v.f` in S.
+void collectMemberBases(const Stmt *S, llvm::DenseSet<const DeclRefExpr *> &Out) {
+  if (!S)
+    return;
+  if (const auto *ME = dyn_cast<MemberExpr>(S))
+    if (const auto *B = dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts()))
+      Out.insert(B);
+  for (const Stmt *C : S->children())
+    collectMemberBases(C, Out);
+}
+
 class FunctionAnalyzer {
 public:
   FunctionAnalyzer(AliasAnalysis &AA, const TensorModel &M, const FunctionDecl *FD)
@@ -157,6 +177,17 @@ private:
       Nodes.emplace_back();
     return It->second;
   }
+  unsigned localFieldNode(const VarDecl *Owner, const FieldDecl *F) {
+    auto [It, New] = LocalFields.try_emplace({Owner, F}, Nodes.size());
+    if (New) {
+      Nodes.emplace_back();
+      Nodes.back().Ext = F;
+      Nodes.back().ExtWhy = Exposure::ReadLater;
+      Nodes.back().FieldOwner = Owner;
+    }
+    return It->second;
+  }
+  const VarDecl *localStructOwner(const MemberExpr *ME) const;
   unsigned extNode(const ValueDecl *D, Exposure Why) {
     unsigned N = nodeFor(D);
     Nodes[N].Ext = D;
@@ -220,6 +251,10 @@ private:
   void collectAffected(WriteEvent &W, const State &S, unsigned Block, unsigned Index,
                        const std::vector<uint8_t> &Seen, const std::vector<Reach> &Reached);
   const Stmt *laterRead(const VarDecl *V, unsigned Block, unsigned Index) const;
+  const Stmt *laterFieldRead(const VarDecl *Owner, const ValueDecl *Field, unsigned Block,
+                             unsigned Index);
+  template <typename ReadFn>
+  const Stmt *firstLater(unsigned Block, unsigned Index, const VarDecl *V, ReadFn Read) const;
   bool mayRunBefore(const Stmt *Site, unsigned Block, unsigned Index);
   const CFGBlock *blockWithId(unsigned Id) const;
   void collectNonReads();
@@ -234,6 +269,8 @@ private:
   llvm::DenseMap<const void *, unsigned> NodeOf;
   llvm::DenseMap<const VarDecl *, const VarDecl *> RefTarget;
   llvm::DenseSet<const DeclRefExpr *> NonReads;
+  llvm::DenseMap<std::pair<const VarDecl *, const FieldDecl *>, unsigned> LocalFields;
+  std::optional<llvm::DenseSet<const DeclRefExpr *>> MemberBases; // `v` of `v.f`, on first use
   std::vector<std::pair<unsigned, unsigned>> Children; // flattened (child, edge index)
   std::vector<unsigned> ChildBegin;
   // Returned node sets, for the summary.
@@ -317,8 +354,11 @@ NodeSet FunctionAnalyzer::namedNodes(const Expr *E, const State &S) {
     return {extNode(VD, Exposure::Captured)};
   }
   const auto *ME = cast<MemberExpr>(E);
-  if (const auto *Field = dyn_cast<FieldDecl>(ME->getMemberDecl()))
+  if (const auto *Field = dyn_cast<FieldDecl>(ME->getMemberDecl())) {
+    if (const VarDecl *Owner = localStructOwner(ME))
+      return {localFieldNode(Owner, Field)};
     return {extNode(Field, Exposure::Member)};
+  }
   if (const auto *VD = dyn_cast<VarDecl>(ME->getMemberDecl()))
     return {extNode(VD, Exposure::Global)};
   return fresh(E);
@@ -504,7 +544,11 @@ void FunctionAnalyzer::collectNonReads() {
 
 // The first read of V after element Index of Block, on some path, before V
 // is redefined; nullptr when there is none.
-const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsigned Index) const {
+// The first statement after element Index of Block, on some path, that Read
+// accepts; V's declaration or assignment ends a path.
+template <typename ReadFn>
+const Stmt *FunctionAnalyzer::firstLater(unsigned Block, unsigned Index, const VarDecl *V,
+                                         ReadFn Read) const {
   llvm::SmallVector<std::pair<const CFGBlock *, unsigned>, 16> Work;
   llvm::DenseSet<const CFGBlock *> Seen;
   const CFGBlock *Start = blockWithId(Block);
@@ -522,20 +566,14 @@ const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsign
       if (!CS)
         continue;
       const Stmt *St = CS->getStmt();
-      if (const auto *DRE = dyn_cast<DeclRefExpr>(St)) {
-        const VarDecl *VD = handleVar(DRE->getDecl());
-        if (VD && isTracked(VD) && resolve(VD) == V && !NonReads.contains(DRE))
-          return DRE;
-      } else if (const auto *DS = dyn_cast<DeclStmt>(St)) {
+      if (const Stmt *R = Read(St))
+        return R;
+      if (const auto *DS = dyn_cast<DeclStmt>(St)) {
         for (const Decl *D : DS->decls())
           Killed |= D == V;
       } else if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(St)) {
         if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2 && !M.inPlaceTarget(OC))
-          Killed |= trackedVarOf(OC->getArg(0)) == V;
-      } else if (const auto *LE = dyn_cast<LambdaExpr>(St)) {
-        for (const LambdaCapture &C : LE->captures())
-          if (C.capturesVariable() && C.getCapturedVar() == V)
-            return LE;
+          Killed |= trackedVarOf(OC->getArg(0)) == V || declOf(OC->getArg(0)) == V;
       }
     }
     if (Killed)
@@ -545,6 +583,56 @@ const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsign
         Work.push_back({Succ, 0});
   }
   return nullptr;
+}
+
+const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsigned Index) const {
+  return firstLater(Block, Index, V, [&](const Stmt *St) -> const Stmt * {
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(St)) {
+      const VarDecl *VD = handleVar(DRE->getDecl());
+      if (VD && isTracked(VD) && resolve(VD) == V && !NonReads.contains(DRE))
+        return DRE;
+    } else if (const auto *LE = dyn_cast<LambdaExpr>(St)) {
+      for (const LambdaCapture &C : LE->captures())
+        if (C.capturesVariable() && C.getCapturedVar() == V)
+          return LE;
+    }
+    return nullptr;
+  });
+}
+
+// A later read of Owner.Field, or a use of Owner as a whole (copied, passed,
+// returned, captured); reads of its other fields do not count.
+const Stmt *FunctionAnalyzer::laterFieldRead(const VarDecl *Owner, const ValueDecl *Field,
+                                             unsigned Block, unsigned Index) {
+  if (!MemberBases)
+    collectMemberBases(FD->getBody(), MemberBases.emplace());
+  return firstLater(Block, Index, Owner, [&](const Stmt *St) -> const Stmt * {
+    if (const auto *ME = dyn_cast<MemberExpr>(St)) {
+      const auto *B = dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts());
+      return B && B->getDecl() == Owner && ME->getMemberDecl() == Field ? ME : nullptr;
+    }
+    const auto *DRE = dyn_cast<DeclRefExpr>(St);
+    if (DRE && DRE->getDecl() == Owner && !MemberBases->contains(DRE))
+      return DRE;
+    if (const auto *LE = dyn_cast<LambdaExpr>(St))
+      for (const LambdaCapture &C : LE->captures())
+        if (C.capturesVariable() && C.getCapturedVar() == Owner)
+          return LE;
+    return nullptr;
+  });
+}
+
+// `v.f` where v is a struct variable of this function, held by value.
+const VarDecl *FunctionAnalyzer::localStructOwner(const MemberExpr *ME) const {
+  if (ME->isArrow())
+    return nullptr;
+  const auto *DRE = dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts());
+  const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+  if (!VD || !VD->isLocalVarDecl() || VD->isStaticLocal() || VD->getType()->isReferenceType() ||
+      VD->getParentFunctionOrMethod() != FD)
+    return nullptr;
+  const auto *RD = VD->getType()->getAsCXXRecordDecl();
+  return RD && RD->isAggregate() && !RD->isLambda() ? VD : nullptr;
 }
 
 const CFGBlock *FunctionAnalyzer::blockWithId(unsigned Id) const {
@@ -702,6 +790,7 @@ void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned B
         return;
     AffectedHandle A;
     A.Decl = D;
+    A.Owner = Nodes[I.N].Ext == D ? Nodes[I.N].FieldOwner : nullptr;
     A.Why = Why;
     A.Where = Where;
     A.CrossedAlias = I.A;
@@ -736,7 +825,11 @@ void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned B
       if (I.D != WantDetach || Plainer(I.N, WantDetach))
         continue;
       const Node &N = Nodes[I.N];
-      if (N.Ext && N.Ext != W.RootDecl)
+      if (N.FieldOwner) {
+        if (N.Ext != W.RootDecl)
+          if (const Stmt *Read = laterFieldRead(N.FieldOwner, N.Ext, Block, Index))
+            Add(N.Ext, Exposure::ReadLater, Read, I);
+      } else if (N.Ext && N.Ext != W.RootDecl)
         Add(N.Ext, N.ExtWhy, nullptr, I);
       else if (N.EscapeSite && N.EscapedDecl != W.RootDecl &&
                mayRunBefore(N.EscapeSite, Block, Index)) // stored after the write: it sees it

@@ -54,6 +54,7 @@ enum class Exposure : uint8_t {
 // A handle that sees an in-place write.
 struct AffectedHandle {
   const ValueDecl *Decl = nullptr; // the handle (variable or member)
+  const VarDecl *Owner = nullptr;  // Decl is a field of this local struct (`out.logits`)
   Exposure Why = Exposure::ReadLater;
   const Stmt *Where = nullptr; // the later read, or where it was stored/captured
   bool CrossedAlias = false;   // a handle copy or may-alias op lies in between

@@ -45,15 +45,20 @@ std::string writeName(const WriteEvent &W) {
   return "write";
 }
 
+// `out.logits` for a field of a local struct, else the handle's name.
+std::string handleName(const AffectedHandle &A) {
+  return A.Owner ? A.Owner->getNameAsString() + "." + declName(A.Decl) : declName(A.Decl);
+}
+
 std::string changedName(const AffectedHandle &A, const TensorModel &M) {
-  std::string N = "'" + declName(A.Decl) + "'";
+  std::string N = "'" + handleName(A) + "'";
   if (A.Decl && !M.isTensorType(A.Decl->getType()))
     return "an element of " + N;
   return N;
 }
 
 std::string exposureNote(const AffectedHandle &A) {
-  std::string N = "'" + declName(A.Decl) + "'";
+  std::string N = "'" + handleName(A) + "'";
   switch (A.Why) {
   case Exposure::ReadLater:
     return N + " is read here";

@@ -121,10 +121,23 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
 }
 
 // The tensor variables Init names go into an object that may keep them
-// (`LBFGS opt({w}, ...)`): a call of that object's may write them.
+// (`LBFGS opt({w}, ...)`): a call of that object's may write them. A function
+// of the TU returning the object keeps only the arguments its body keeps.
 void LoopAnalysis::handOver(const Stmt *Init) {
   if (!Init || isa<LambdaExpr>(Init)) // a closure: collect() reads its body
     return;
+  const auto *E = dyn_cast<Expr>(Init);
+  if (const auto *C = dyn_cast_or_null<CallExpr>(E ? stripHandle(E) : nullptr);
+      C && !isa<CXXOperatorCallExpr>(C) &&
+                                                C->getDirectCallee() &&
+                                                !isTensorLibraryCode(C->getDirectCallee())) {
+    for (unsigned I = 0; I < C->getNumArgs(); ++I)
+      if (mayKeepArg(C->getDirectCallee(), I))
+        handOver(C->getArg(I));
+    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(C))
+      handOver(MC->getImplicitObjectArgument());
+    return;
+  }
   if (const auto *D = dyn_cast<DeclRefExpr>(Init))
     if (const auto *V = dyn_cast<VarDecl>(D->getDecl()); V && Model.isTensorType(V->getType())) {
       ForeignVars.insert(V);
@@ -243,10 +256,15 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
     return; // torch::cat, tt::matmul...
   if (const FunctionDecl *Body = F ? readableCallee(F) : nullptr; Body && returnsFresh(Body))
     return; // `gram(feat)` returning `bmm(f, f.t()) / n`
-  // An unknown function may return (a view of) any tensor it was given.
-  for (const Expr *A : C->arguments())
-    if (Model.isTensorExpr(A) || A->getType()->isReferenceType())
+  // An unknown function may return (a view of) any tensor it was given; one
+  // of the TU only those its body keeps.
+  unsigned Shift = isa<CXXOperatorCallExpr>(C) && isa_and_nonnull<CXXMethodDecl>(F) ? 1 : 0;
+  for (unsigned I = 0; I < C->getNumArgs(); ++I) {
+    const Expr *A = C->getArg(I);
+    if ((Model.isTensorExpr(A) || A->getType()->isReferenceType()) &&
+        (!F || I < Shift || mayKeepArg(F, I - Shift)))
       basesOf(A, Out);
+  }
 }
 
 bool LoopAnalysis::rootsForeign(const Expr *E) const {
@@ -538,6 +556,58 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
   }
   for (const Stmt *Ch : S->children())
     collect(Ch, F);
+}
+
+// E names (a handle of) a variable of Alias, also inside a braced or
+// constructed value: `{a, b}`, `Out{a}`.
+bool LoopAnalysis::namesAny(const Expr *E, const llvm::DenseSet<const VarDecl *> &Alias) const {
+  E = stripHandle(E);
+  if (!E)
+    return false;
+  if (const auto *IL = dyn_cast<InitListExpr>(E))
+    return llvm::any_of(IL->inits(), [&](const Expr *X) { return namesAny(X, Alias); });
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(E))
+    return llvm::any_of(CE->arguments(), [&](const Expr *X) { return namesAny(X, Alias); });
+  llvm::SmallVector<const VarDecl *, 4> B;
+  basesOf(E, B);
+  return llvm::any_of(B, [&](const VarDecl *V) { return Alias.count(V) > 0; });
+}
+
+// Whether Callee may keep its I-th argument beyond the call: return it (or a
+// handle or view of it), store it (an assignment, a container), capture it.
+// True when its body is not the user's code in the TU.
+bool LoopAnalysis::mayKeepArg(const FunctionDecl *Callee, unsigned I) const {
+  const FunctionDecl *Def = readableCallee(Callee);
+  if (!Def || isa<CXXConstructorDecl>(Def) || I >= Def->getNumParams() || !Def->getBody() ||
+      Ctx.getSourceManager().isInSystemHeader(Def->getLocation()))
+    return true;
+  llvm::DenseSet<const VarDecl *> Alias{Def->getParamDecl(I)};
+  llvm::SmallVector<const Stmt *, 32> Work{Def->getBody()};
+  while (!Work.empty()) { // pre-order: declarations come before their uses
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    if (const auto *DS = dyn_cast<DeclStmt>(S)) {
+      for (const Decl *D : DS->decls())
+        if (const auto *V = dyn_cast<VarDecl>(D); V && V->getInit() && namesAny(V->getInit(), Alias))
+          Alias.insert(V);
+    } else if (const auto *RS = dyn_cast<ReturnStmt>(S); RS && namesAny(RS->getRetValue(), Alias)) {
+      return true;
+    } else if (auto [L, R] = assignmentSides(S); R && namesAny(R, Alias)) {
+      return true;
+    } else if (const auto *C = dyn_cast<CallExpr>(S); C && C->getDirectCallee() &&
+                                                      C->getDirectCallee()->getIdentifier() &&
+                                                      isStoreName(C->getDirectCallee()->getName())) {
+      if (llvm::any_of(C->arguments(), [&](const Expr *A) { return namesAny(A, Alias); }))
+        return true;
+    } else if (isa<LambdaExpr>(S)) {
+      return true;
+    }
+    llvm::SmallVector<const Stmt *, 8> Kids(S->children());
+    for (auto It = Kids.rbegin(); It != Kids.rend(); ++It)
+      Work.push_back(*It);
+  }
+  return false;
 }
 
 bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth) const {

@@ -101,6 +101,8 @@ private:
   /// A call of Callee may write (in place) the tensor passed as argument I:
   /// true unless its body is visible and only reads it.
   bool mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth = 0) const;
+  bool mayKeepArg(const FunctionDecl *Callee, unsigned I) const;
+  bool namesAny(const Expr *E, const llvm::DenseSet<const VarDecl *> &Alias) const;
 
   const TensorModel &Model;
   ASTContext &Ctx;

@@ -127,3 +127,39 @@ torch::Tensor sameDtype(const torch::Tensor &x, const torch::Tensor &y) {
   // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'z' may also change 'x'
   return z;
 }
+
+// A field of a local struct (a module's result) is this function's storage:
+// a write through a copy of it matters only if that field is read again.
+struct HeadsOut {
+  torch::Tensor logits, value;
+};
+struct HeadsImpl : torch::nn::Module {
+  HeadsImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  HeadsOut forward(const torch::Tensor &x) { return {fc(x), fc(x).sum(1)}; }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Heads);
+void keepOutput(const HeadsOut &o);
+
+float fieldNotReadAgain(Heads &net, const torch::Tensor &x, const torch::Tensor &illegal) {
+  auto out = net->forward(x);
+  auto logits = out.logits;
+  logits.masked_fill_(illegal, -1e9);
+  return (torch::softmax(logits, 1).sum() + out.value.sum()).item<float>();
+}
+
+float fieldReadAgain(Heads &net, const torch::Tensor &x, const torch::Tensor &illegal) {
+  auto out = net->forward(x);
+  auto logits = out.logits;
+  logits.masked_fill_(illegal, -1e9);
+  // CHECK-MESSAGES: :[[@LINE-1]]:10: warning: in-place 'masked_fill_' on 'logits' also changes 'out.logits', which shares its storage
+  return out.logits.sum().item<float>();
+}
+
+void structPassedOn(Heads &net, const torch::Tensor &x) {
+  auto out = net->forward(x);
+  auto v = out.value;
+  v.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'v' also changes 'out.value'
+  keepOutput(out);
+}

@@ -101,3 +101,40 @@ private:
   torch::Tensor mean_ = torch::zeros({1, 3, 1, 1});
   torch::Tensor scale_ = torch::ones({1});
 };
+
+// A function of the file that returns a struct keeps only the arguments its
+// body keeps: targets computed from the copy do not hold it, so the optimizer
+// step cannot reach the source; a struct that holds the copy can.
+struct MatchTargets {
+  torch::Tensor labels, anchors;
+};
+MatchTargets matchAnchors(const torch::Tensor &anchors, const torch::Tensor &boxes) {
+  auto iou = anchors.matmul(boxes.t());
+  return {iou.argmax(1), torch::Tensor()};
+}
+MatchTargets keepAnchors(const torch::Tensor &anchors) { return {anchors.sum(1), anchors}; }
+void trainDetector(torch::nn::Linear &head, torch::optim::Optimizer &opt,
+                   const std::vector<torch::Tensor> &boxes) {
+  torch::Device device(torch::kCUDA);
+  auto anchors = torch::rand({64, 4});
+  for (const auto &b : boxes) {
+    auto anc = anchors.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:24: warning: 'to' of loop-invariant 'anchors' copies it to another device again on every iteration
+    auto t = matchAnchors(anc, b.to(device));
+    auto loss = head->forward(b.to(device)).sum() + t.labels.sum();
+    loss.backward();
+    opt.step();
+  }
+}
+void trainKeeping(torch::nn::Linear &head, torch::optim::Optimizer &opt,
+                  const std::vector<torch::Tensor> &boxes) {
+  torch::Device device(torch::kCUDA);
+  auto anchors = torch::rand({64, 4});
+  for (const auto &b : boxes) {
+    auto anc = anchors.to(device);
+    auto t = keepAnchors(anc);
+    auto loss = head->forward(b.to(device)).sum() + t.labels.sum();
+    loss.backward();
+    opt.step();
+  }
+}

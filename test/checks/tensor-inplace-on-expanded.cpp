@@ -54,15 +54,28 @@ void selectKeepsStrideZero(const Tensor &src) {
 }
 
 void unaryOps() {
-  auto e = tt::randn({1, 3}).expand({4, 3});
-  e.clamp_(0, 1);
+  auto a = tt::randn({1, 3}).expand({4, 3});
+  a.clamp_(0, 1);
   // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'clamp_' on a tensor expanded by 'expand' throws
-  e.relu_();
+  auto b = tt::randn({1, 3}).expand({4, 3});
+  b.relu_();
   // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'relu_' on a tensor expanded by 'expand' throws
-  e.sigmoid_();
+  auto c = tt::randn({1, 3}).expand({4, 3});
+  c.sigmoid_();
   // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'sigmoid_' on a tensor expanded by 'expand' throws
-  e.exp_();
+  auto d = tt::randn({1, 3}).expand({4, 3});
+  d.exp_();
   // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'exp_' on a tensor expanded by 'expand' throws
+}
+
+// The first write raises; the later ones on the same expand are not reported
+// again (the clone at the expand fixes them all).
+void secondWriteOnOneExpand(const Tensor &off) {
+  auto pos = tt::arange(5).unsqueeze(0).expand({3, 5});
+  pos -= off;
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: error: in-place 'sub_' on a tensor expanded by 'expand' throws
+  pos.clamp_(0, 4);
+  pos.mul_(2);
 }
 
 void detachedStillExpanded() {

@@ -173,6 +173,46 @@ void epochs(Net &model, torch::optim::Optimizer &opt, const std::vector<Batch> &
   }
 }
 
+// A function of the file that runs a loop of steps (tiled inference) makes
+// the caller's loop one pass per element: the sync waits once per image.
+torch::Tensor upscaleTiled(Net &model, const torch::Tensor &img, int64_t tiles) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> outs;
+  for (int64_t t = 0; t < tiles; ++t)
+    outs.push_back(model.forward(img.narrow(0, t, 1)));
+  return torch::cat(outs);
+}
+double perImageScore(Net &model, const std::vector<torch::Tensor> &images) {
+  torch::Device device(torch::kCUDA);
+  double total = 0;
+  for (const auto &img : images)
+    total += upscaleTiled(model, img.to(device), 4).mean().item<double>();
+  return total;
+}
+// A training loop that makes steps itself is per step, whatever it calls.
+double rolloutEachStep(Net &model, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs) {
+  torch::Device device(torch::kCUDA);
+  double total = 0;
+  for (const auto &x : xs) {
+    auto loss = model.forward(x.to(device)).mean();
+    loss.backward();
+    opt.step();
+    total += upscaleTiled(model, x.to(device), 2).mean().item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:58: warning: 'item' of
+  }
+  return total;
+}
+// A helper without a loop of steps does not.
+torch::Tensor score(Net &model, const torch::Tensor &x) { return model.forward(x).mean(); }
+double perBatchScore(Net &model, const std::vector<torch::Tensor> &batches) {
+  torch::Device device(torch::kCUDA);
+  double total = 0;
+  for (const auto &b : batches)
+    total += score(model, b.to(device)).item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:41: warning: 'item' of
+  return total;
+}
+
 // A variable computed from itself in the loop (`x = a * x + b`) is on CUDA
 // when its first value is and every value computed from it is: induction.
 void denoise(torch::nn::Linear &net, int64_t steps) {
