@@ -185,7 +185,7 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
     const TensorFact *F = LA->factOf(E);
     if (!F)
       continue;
-    bool Scalar = !F->Sizes || F->Sizes->empty(); // may be a 0-dim CPU tensor
+    bool Scalar = F->Sizes ? F->Sizes->empty() : !F->HasDims; // may be a 0-dim CPU tensor
     if (known(*F, TensorFact::CPU) && (!Scalar || rejectsCpuScalars(Op->name)))
       Cpu = Cpu ? Cpu : E;
     else if (known(*F, TensorFact::Accelerator))

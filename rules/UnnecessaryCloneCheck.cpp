@@ -154,6 +154,37 @@ bool mentions(const Stmt *S, const VarDecl *V) {
   return llvm::any_of(S->children(), [&](const Stmt *C) { return mentions(C, V); });
 }
 
+void collectRefs(const Stmt *S, const VarDecl *V, llvm::SmallVectorImpl<const DeclRefExpr *> &Out) {
+  if (!S)
+    return;
+  if (const auto *D = dyn_cast<DeclRefExpr>(S); D && D->getDecl() == V)
+    Out.push_back(D);
+  for (const Stmt *C : S->children())
+    collectRefs(C, V, Out);
+}
+
+// The in-place op's argument text with V named as Src (`r.sub_(r.mean(-1))`
+// on `r = ref.clone()` -> `ref.mean(-1)`): V holds Src's values there. Empty
+// when a use of V is in a macro.
+std::string argsOnSource(const InPlaceUse &U, const VarDecl *V, StringRef Src, ASTContext &Ctx) {
+  const SourceManager &SM = Ctx.getSourceManager();
+  std::string Text = textOf(U.Args, Ctx).str();
+  llvm::SmallVector<const DeclRefExpr *, 4> Refs;
+  for (const Expr *A : U.ArgExprs)
+    collectRefs(A, V, Refs);
+  unsigned Begin = SM.getFileOffset(U.Args.getBegin());
+  llvm::sort(Refs, [&](const DeclRefExpr *A, const DeclRefExpr *B) {
+    return SM.getFileOffset(A->getLocation()) > SM.getFileOffset(B->getLocation());
+  });
+  for (const DeclRefExpr *D : Refs) {
+    unsigned Off = SM.getFileOffset(D->getLocation());
+    if (D->getLocation().isMacroID() || Off < Begin || Off - Begin >= Text.size())
+      return "";
+    Text.replace(Off - Begin, V->getName().size(), Src.str());
+  }
+  return Text;
+}
+
 // The handle a source names: a variable, or a field of a variable or of `this`.
 const ValueDecl *namedSource(const Expr *Src) {
   Src = stripHandle(Src);
@@ -202,7 +233,8 @@ void UnnecessaryCloneCheck::check(const MatchFinder::MatchResult &Result) {
     return;
   if (!C->Rest.empty())
     if (std::optional<InPlaceUse> U = inPlaceStatement(C->Rest.front(), C->V);
-        U && llvm::none_of(U->ArgExprs, [&](const Expr *A) { return mentions(A, C->V); }) &&
+        U && (namedSource(Call->getImplicitObjectArgument()) ||
+              llvm::none_of(U->ArgExprs, [&](const Expr *A) { return mentions(A, C->V); })) &&
         !Call->getBeginLoc().isMacroID()) {
       reportInPlaceFirst(*C, C->Rest.front(), Ctx);
       return;
@@ -221,8 +253,9 @@ void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *F
     return;
   const SourceManager &SM = Ctx.getSourceManager();
   StringRef Src = textOf(C.Call->getImplicitObjectArgument()->getSourceRange(), Ctx);
-  StringRef Args = U->Args.isValid() ? textOf(U->Args, Ctx) : "";
-  std::string Repl = Src.str() + "." + U->OutOfPlace + "(" + Args.str() + ")";
+  // Arguments naming the copy name the source instead (a named source only).
+  std::string Args = U->Args.isValid() ? argsOnSource(*U, C.V, Src, Ctx) : "";
+  std::string Repl = Src.str() + "." + U->OutOfPlace + "(" + Args + ")";
   StringRef Op = isa<CXXMemberCallExpr>(U->Call)
                      ? cast<CXXMemberCallExpr>(U->Call)->getMethodDecl()->getName()
                      : getOperatorSpelling(cast<CXXOperatorCallExpr>(U->Call)->getOperator());

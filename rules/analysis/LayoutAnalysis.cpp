@@ -22,7 +22,7 @@ bool TensorFact::operator==(const TensorFact &O) const {
   return Contig == O.Contig && Assumed == O.Assumed && DTypeAssumed == O.DTypeAssumed &&
          DeviceAssumed == O.DeviceAssumed && AssumedSource == O.AssumedSource &&
          KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
-         ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
+         HasDims == O.HasDims && ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
          DeviceRuntime == O.DeviceRuntime && FloatingOp == O.FloatingOp && SwapA == O.SwapA &&
          SwapB == O.SwapB && UnitDims == O.UnitDims && MinChunks == O.MinChunks && Src == O.Src &&
          Origin == O.Origin && OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
@@ -258,6 +258,7 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
     R.Device = A.Device;
   R.DeviceRuntime = A.DeviceRuntime || B.DeviceRuntime;
   R.FloatingOp = A.FloatingOp && B.FloatingOp;
+  R.HasDims = A.HasDims && B.HasDims;
   if (A.Sizes == B.Sizes && A.Strides == B.Strides) {
     R.Sizes = A.Sizes;
     R.Strides = A.Strides;

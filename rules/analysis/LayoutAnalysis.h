@@ -41,6 +41,9 @@ struct TensorFact {
   std::string KindSource;
   /// Sizes and strides, when the rank is known.
   std::optional<Shape> Sizes, Strides;
+  /// Rank unknown but not 0: made with another tensor's sizes
+  /// (`torch::rand(x.sizes())`), which real tensors have (not a CPU scalar).
+  bool HasDims = false;
   /// Element size in bytes, when the dtype is known.
   unsigned ElemSize = 0;
   /// The dtype's name ("Float", "Long"...), when known.

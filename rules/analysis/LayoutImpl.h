@@ -132,6 +132,7 @@ public:
   using Handler = TensorFact (Impl::*)(const OpCall &);
   TensorFact applyOp(const OpCall &C);
   TensorFact factory(const OpCall &C);
+  bool isSizesOfTensor(const Expr *E) const;
   std::optional<Shape> sizesArg(const OpCall &C);
   TensorFact reshapeOp(const OpCall &C);
   TensorFact reshapeAsOp(const OpCall &C);

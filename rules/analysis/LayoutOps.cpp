@@ -224,6 +224,14 @@ static std::optional<Shape> tensorDataShape(const Expr *A, SymTable &ST) {
   return std::nullopt;
 }
 
+// `t.sizes()` of a tensor t: a shape with t's rank.
+bool LayoutAnalysis::Impl::isSizesOfTensor(const Expr *E) const {
+  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(E ? stripHandle(E) : nullptr);
+  const CXXMethodDecl *M = MC ? MC->getMethodDecl() : nullptr;
+  return M && M->getIdentifier() && M->getName() == "sizes" &&
+         Model.isTensorExpr(MC->getImplicitObjectArgument()->IgnoreParenImpCasts());
+}
+
 TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   TensorFact F = freshContiguous(C.Call);
   DTypeName DT;
@@ -236,6 +244,7 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   if (llvm::is_contained({"zeros", "ones", "empty", "rand", "randn", "full"}, C.Name)) {
     if (auto A = shapeArg(C.arg(0), C.S); A && A->Infer < 0)
       Sz = A->Sizes;
+    F.HasDims = !Sz && isSizesOfTensor(C.arg(0));
   } else if (C.Name == "arange") {
     Sz = arangeShape(C.Args, Ctx, Integral);
   } else if (C.Name == "linspace" && C.Args.size() >= 3) {

@@ -318,3 +318,10 @@ torch::Tensor configured(const RunConfig &cfg, int64_t n) {
   auto h = torch::ones({n}, cfg.device);
   return h + torch::ones({n}).cuda(); // cfg.device may be CUDA
 }
+// Noise made with another tensor's sizes has its rank: not a CPU scalar.
+torch::Tensor dequantise(const torch::Tensor &images) {
+  auto x = images.to(torch::kCUDA);
+  x = (x + torch::rand(x.sizes())) / 256.0;
+  // CHECK-MESSAGES: :[[@LINE-1]]:10: error: '+' combines the CPU tensor 'torch::rand(x.sizes())' with 'x'
+  return x + torch::rand({});  // a 0-dim CPU tensor is a scalar: allowed
+}

@@ -129,3 +129,31 @@ torch::Tensor discounted(const torch::Tensor &r, double gamma) {
     ret[i] += gamma * ret[i + 1];
   return ret;
 }
+
+// The in-place op's arguments read the copy itself: on a named source they
+// read the source instead (the copy holds its values).
+torch::Tensor centred(const torch::Tensor &ref) {
+  auto r = ref.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'clone' copies 'ref', then 'sub_' rewrites the copy in place at once{{.*}}use 'ref.sub(ref.mean(-1, true))' [tensor-unnecessary-clone]
+  r.sub_(r.mean(-1, true));
+  return r * 2;
+}
+// CHECK-FIXES: auto r = ref.sub(ref.mean(-1, true));
+
+struct Sampled {
+  torch::Tensor weights;
+};
+torch::Tensor normalisedWeights(const Sampled &batch) {
+  auto w = batch.weights.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:26: warning: 'clone' copies 'batch.weights', then 'div_' rewrites
+  w.div_(w.max());
+  return w;
+}
+// CHECK-FIXES: auto w = batch.weights.div(batch.weights.max());
+
+// A call's result is not a named source: its arguments keep naming the copy.
+torch::Tensor fromCall(torch::nn::Linear &lin, const torch::Tensor &x) {
+  auto y = lin(x).clone();
+  y.sub_(y.mean());
+  return y;
+}
