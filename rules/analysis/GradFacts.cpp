@@ -183,6 +183,14 @@ bool isUserLayerMethod(const CXXMemberCallExpr *Call) {
          runsALayer(Def->getBody());
 }
 
+// A plain struct with a tensor field: the results of a module method.
+bool isTensorStruct(QualType T, const TensorModel &Model) {
+  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  return RD && RD->hasDefinition() && RD->isAggregate() && !RD->isInStdNamespace() &&
+         llvm::any_of(RD->fields(),
+                      [&](const FieldDecl *F) { return Model.isTensorType(F->getType()); });
+}
+
 bool isTrue(const Expr *E, ASTContext &Ctx) {
   bool V = true;
   return !E || isa<CXXDefaultArgExpr>(E) || !E->EvaluateAsBooleanCondition(V, Ctx) || V;
@@ -366,7 +374,8 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
     return isParameterFreeModule(Obj->getType())
                ? combineInputs(Call, St)
                : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
-  if (Model.isTensorExpr(Call) && isUserLayerMethod(Call))
+  // `decode(z)`, or `observe(obs)` returning a struct of tensors (`out.kl`).
+  if ((Model.isTensorExpr(Call) || isTensorStruct(Call->getType(), Model)) && isUserLayerMethod(Call))
     return {G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
   // Element access on a container of parameters: begin(), value(), at()...
   return eval(Obj, St);

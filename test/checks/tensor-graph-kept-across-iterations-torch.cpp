@@ -28,6 +28,8 @@ struct RouterImpl : torch::nn::Module {
     auto h = fc(x);
     return {h, h.pow(2).mean()};
   }
+  // A method that runs a layer and returns a struct, as forward does.
+  RouterOut route(const torch::Tensor &x) { return forward(x * 2); }
   torch::nn::Linear fc{nullptr};
 };
 TORCH_MODULE(Router);
@@ -44,6 +46,10 @@ void trainRouter(Router &router, const std::vector<torch::Tensor> &xs) {
     // CHECK-MESSAGES: :[[@LINE-1]]:15: warning: 'out.aux_loss' requires grad and is accumulated into 'aux_total'
     // CHECK-FIXES: aux_total += out.aux_loss.detach();
     logged += out.aux_loss.detach();
+    auto routed = router->route(x);
+    aux_total += routed.aux_loss;
+    // CHECK-MESSAGES: :[[@LINE-1]]:15: warning: 'routed.aux_loss' requires grad and is accumulated into 'aux_total'
+    // CHECK-FIXES: aux_total += routed.aux_loss.detach();
   }
   {
     torch::NoGradGuard no_grad;
