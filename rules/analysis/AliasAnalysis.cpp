@@ -125,6 +125,15 @@ const ValueDecl *declOf(const Expr *E) {
   return DRE ? DRE->getDecl() : nullptr;
 }
 
+// St, when it is a lambda capturing V.
+const Stmt *captures(const Stmt *St, const VarDecl *V) {
+  if (const auto *LE = dyn_cast<LambdaExpr>(St))
+    for (const LambdaCapture &C : LE->captures())
+      if (C.capturesVariable() && C.getCapturedVar() == V)
+        return LE;
+  return nullptr;
+}
+
 // Every `v` of a `v.f` in S.
 void collectMemberBases(const Stmt *S, llvm::DenseSet<const DeclRefExpr *> &Out) {
   if (!S)
@@ -542,8 +551,6 @@ void FunctionAnalyzer::collectNonReads() {
     }
 }
 
-// The first read of V after element Index of Block, on some path, before V
-// is redefined; nullptr when there is none.
 // The first statement after element Index of Block, on some path, that Read
 // accepts; V's declaration or assignment ends a path.
 template <typename ReadFn>
@@ -585,18 +592,16 @@ const Stmt *FunctionAnalyzer::firstLater(unsigned Block, unsigned Index, const V
   return nullptr;
 }
 
+// The first read of V after element Index of Block, on some path, before V
+// is redefined; nullptr when there is none.
 const Stmt *FunctionAnalyzer::laterRead(const VarDecl *V, unsigned Block, unsigned Index) const {
   return firstLater(Block, Index, V, [&](const Stmt *St) -> const Stmt * {
     if (const auto *DRE = dyn_cast<DeclRefExpr>(St)) {
       const VarDecl *VD = handleVar(DRE->getDecl());
       if (VD && isTracked(VD) && resolve(VD) == V && !NonReads.contains(DRE))
         return DRE;
-    } else if (const auto *LE = dyn_cast<LambdaExpr>(St)) {
-      for (const LambdaCapture &C : LE->captures())
-        if (C.capturesVariable() && C.getCapturedVar() == V)
-          return LE;
     }
-    return nullptr;
+    return captures(St, V);
   });
 }
 
@@ -614,11 +619,7 @@ const Stmt *FunctionAnalyzer::laterFieldRead(const VarDecl *Owner, const ValueDe
     const auto *DRE = dyn_cast<DeclRefExpr>(St);
     if (DRE && DRE->getDecl() == Owner && !MemberBases->contains(DRE))
       return DRE;
-    if (const auto *LE = dyn_cast<LambdaExpr>(St))
-      for (const LambdaCapture &C : LE->captures())
-        if (C.capturesVariable() && C.getCapturedVar() == Owner)
-          return LE;
-    return nullptr;
+    return captures(St, Owner);
   });
 }
 

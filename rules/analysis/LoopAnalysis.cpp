@@ -127,12 +127,11 @@ void LoopAnalysis::handOver(const Stmt *Init) {
   if (!Init || isa<LambdaExpr>(Init)) // a closure: collect() reads its body
     return;
   const auto *E = dyn_cast<Expr>(Init);
-  if (const auto *C = dyn_cast_or_null<CallExpr>(E ? stripHandle(E) : nullptr);
-      C && !isa<CXXOperatorCallExpr>(C) &&
-                                                C->getDirectCallee() &&
-                                                !isTensorLibraryCode(C->getDirectCallee())) {
+  const auto *C = dyn_cast_or_null<CallExpr>(E ? stripHandle(E) : nullptr);
+  const FunctionDecl *Callee = C ? C->getDirectCallee() : nullptr;
+  if (Callee && !isa<CXXOperatorCallExpr>(C) && !isTensorLibraryCode(Callee)) {
     for (unsigned I = 0; I < C->getNumArgs(); ++I)
-      if (mayKeepArg(C->getDirectCallee(), I))
+      if (mayKeepArg(Callee, I))
         handOver(C->getArg(I));
     if (const auto *MC = dyn_cast<CXXMemberCallExpr>(C))
       handOver(MC->getImplicitObjectArgument());

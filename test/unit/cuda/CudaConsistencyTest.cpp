@@ -175,6 +175,12 @@ std::map<std::string, Body> drivers() {
     x.requires_grad_();
     res(o, x);
   };
+  m["detach_"] = [=](Device d, Outcome &o) {
+    Tensor x = in(o, X(d)).clone(); // a leaf of its own: detach_ refuses views
+    x.requires_grad_();
+    x.detach_();
+    res(o, x);
+  };
   // --- out of place math (broadcasting, promotion, reductions)
   auto unary = [&](const char *name, std::function<Tensor(const Tensor &)> f,
                    bool positive = false) {
