@@ -72,14 +72,14 @@ std::string loss(StringRef Src, StringRef Dst) {
 bool integerName(StringRef Name) {
   std::string L = Name.lower();
   for (StringRef W : {"idx", "index", "indices", "label", "target", "token", "ids", "mask",
-                      "action", "count", "class", "len", "pos", "step", "seed"})
+                      "action", "count", "class", "len", "pos", "step", "seed", "text", "symbol"})
     if (StringRef(L).contains(W))
       return true;
   return false;
 }
 
 // The tensor a view chain starts from (`buf` of `buf.narrow(0, i, n)[j]`):
-// the destination named in the fix-it.
+// the destination named in the fix-it, the source whose name is read.
 const Expr *baseOf(const Expr *E) {
   for (int I = 0; E && I < 8; ++I) {
     E = stripHandle(E);
@@ -87,9 +87,15 @@ const Expr *baseOf(const Expr *E) {
       E = MC->getImplicitObjectArgument();
       continue;
     }
-    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E);
-        OC && OC->getOperator() == OO_Subscript && OC->getNumArgs() == 2) {
+    const auto *OC = dyn_cast<CXXOperatorCallExpr>(E);
+    if (OC && OC->getOperator() == OO_Subscript && OC->getNumArgs() == 2) {
       E = OC->getArg(0);
+      continue;
+    }
+    // `rois * scale`, `2 * x`: the tensor operand of scalar arithmetic.
+    if (OC && OC->getNumArgs() == 2 &&
+        llvm::is_contained({OO_Plus, OO_Minus, OO_Star, OO_Slash}, OC->getOperator())) {
+      E = OC->getArg(OC->getArg(0)->getType()->isBuiltinType() ? 1 : 0);
       continue;
     }
     break;

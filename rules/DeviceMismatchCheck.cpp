@@ -1,6 +1,7 @@
 #include "DeviceMismatchCheck.h"
 
 #include "analysis/AstHelpers.h"
+#include "analysis/GradFacts.h"
 
 #include "clang/AST/ExprCXX.h"
 #include "clang/AST/ParentMapContext.h"
@@ -158,6 +159,11 @@ void DeviceMismatchCheck::check(const MatchFinder::MatchResult &Result) {
     if (isModuleHolderType(Obj->getType()) || isModuleRecord(MC->getRecordDecl()))
       return checkForward(Call, Obj, MC->getArg(0), Result);
   }
+  // `model->infer(ids)`: a method of the user's module that runs its layers.
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call); MC && isUserLayerMethod(MC))
+    for (const Expr *A : MC->arguments())
+      if (Model.isTensorExpr(A))
+        return checkForward(Call, moduleValue(MC->getImplicitObjectArgument()), A, Result);
   checkOp(Call, Result);
 }
 
@@ -204,7 +210,8 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
          Result);
 }
 
-// `model->forward(x)` / `model(x)` with x on the CPU after `model->to(kCUDA)`.
+// `model->forward(x)` / `model(x)` (or a method running its layers) with x
+// on the CPU after `model->to(kCUDA)`.
 void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE, const Expr *Input,
                                        const MatchFinder::MatchResult &Result) {
   const ValueDecl *Module = nameOf(ModuleE);
@@ -218,7 +225,9 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
   if (Moves.Device.empty())
     return;
   std::string Name = "'" + textOf(ModuleE, *Result.Context) + "'";
-  report({Call, reportLoc(Call), "'forward'", Input, Moves.Device,
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+  std::string Method = MC ? MC->getMethodDecl()->getNameAsString() : "forward";
+  report({Call, reportLoc(Call), "'" + Method + "'", Input, Moves.Device,
           "the parameters of " + Name + ", moved to CUDA", true},
          Result);
 }

@@ -26,10 +26,16 @@ void InplaceOnSavedCheck::onEndOfTranslationUnit() {
 
 namespace {
 // Without a backward in the function, the graph matters where its result
-// leaves: a module's forward, or a function returning a tensor.
+// leaves: a module's forward, or a function returning a tensor, a plain
+// struct of them (`RoiLosses{cls, box, mask}`) or a pair or tuple of them.
 bool graphLeaves(const FunctionDecl *FD, const TensorModel &Model) {
-  return (FD->getIdentifier() && FD->getName() == "forward") ||
-         Model.isTensorType(FD->getReturnType());
+  QualType R = FD->getReturnType();
+  const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(R->getAsCXXRecordDecl());
+  bool TensorTuple = TS && TS->isInStdNamespace() && TS->getIdentifier() &&
+                     llvm::is_contained({"pair", "tuple"}, TS->getName()) &&
+                     Model.mayHoldTensors(R);
+  return (FD->getIdentifier() && FD->getName() == "forward") || Model.isTensorType(R) ||
+         Model.isTensorStruct(R) || TensorTuple;
 }
 
 std::string opLabel(const CallExpr *Op) {

@@ -4,6 +4,7 @@
 #include "analysis/Dataflow.h"
 
 #include "clang/AST/ASTContext.h"
+#include "clang/AST/ParentMapContext.h"
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
 #include "clang/AST/RecursiveASTVisitor.h"
@@ -135,11 +136,49 @@ const Stmt *captures(const Stmt *St, const VarDecl *V) {
 }
 
 // Every `v` of a `v.f` in S.
+// The variable whose field ME names: `v` of `v.f`, and of `m->f` for a
+// module holder m; null otherwise.
+const DeclRefExpr *fieldBase(const MemberExpr *ME) {
+  const Expr *B = ME->getBase()->IgnoreParenImpCasts();
+  if (ME->isArrow()) {
+    const auto *OC = dyn_cast<CXXOperatorCallExpr>(B);
+    if (!OC || OC->getOperator() != OO_Arrow || !isModuleHolderType(OC->getArg(0)->getType()))
+      return nullptr;
+    B = stripHandle(OC->getArg(0));
+  }
+  return dyn_cast_or_null<DeclRefExpr>(B);
+}
+
+// A module made here (`auto grown = nn::Embedding(n, d)`), not a copy of
+// another holder, and never rebound: its parameters are its own storage.
+bool isFreshLocalModule(const VarDecl *VD, const FunctionDecl *FD) {
+  const auto *CE = dyn_cast_or_null<CXXConstructExpr>(stripHandle(VD->getInit()));
+  return CE && isModuleHolderType(VD->getType()) && FD->getBody() &&
+         llvm::none_of(CE->arguments(),
+                       [](const Expr *A) { return isModuleHolderType(A->getType()); }) &&
+         neverAssigned(VD, FD->getBody());
+}
+
+// `batch` of `for (auto &batch : *loader)`: a torch::data loader makes each
+// batch anew (Stack<> stacks fresh tensors), so its fields are the
+// iteration's own, as a local struct's are.
+bool isLoaderBatch(const VarDecl *VD, ASTContext &Ctx) {
+  for (const DynTypedNode &P : Ctx.getParents(*VD))
+    if (const auto *DS = P.get<DeclStmt>())
+      for (const DynTypedNode &G : Ctx.getParents(*DS))
+        if (const auto *RF = G.get<CXXForRangeStmt>(); RF && RF->getLoopVariable() == VD) {
+          const auto *RD = RF->getRangeInit()->getType()->getAsCXXRecordDecl();
+          return RD && RD->getIdentifier() && RD->getName().contains("DataLoader") &&
+                 isInNamespace(RD, {"torch"});
+        }
+  return false;
+}
+
 void collectMemberBases(const Stmt *S, llvm::DenseSet<const DeclRefExpr *> &Out) {
   if (!S)
     return;
   if (const auto *ME = dyn_cast<MemberExpr>(S))
-    if (const auto *B = dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts()))
+    if (const DeclRefExpr *B = fieldBase(ME))
       Out.insert(B);
   for (const Stmt *C : S->children())
     collectMemberBases(C, Out);
@@ -613,7 +652,7 @@ const Stmt *FunctionAnalyzer::laterFieldRead(const VarDecl *Owner, const ValueDe
     collectMemberBases(FD->getBody(), MemberBases.emplace());
   return firstLater(Block, Index, Owner, [&](const Stmt *St) -> const Stmt * {
     if (const auto *ME = dyn_cast<MemberExpr>(St)) {
-      const auto *B = dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts());
+      const DeclRefExpr *B = fieldBase(ME);
       return B && B->getDecl() == Owner && ME->getMemberDecl() == Field ? ME : nullptr;
     }
     const auto *DRE = dyn_cast<DeclRefExpr>(St);
@@ -623,17 +662,18 @@ const Stmt *FunctionAnalyzer::laterFieldRead(const VarDecl *Owner, const ValueDe
   });
 }
 
-// `v.f` where v is a struct variable of this function, held by value.
+// `v.f` where v is a struct variable of this function, held by value, or a
+// loader's batch; `m->f` of a module made in it.
 const VarDecl *FunctionAnalyzer::localStructOwner(const MemberExpr *ME) const {
-  if (ME->isArrow())
-    return nullptr;
-  const auto *DRE = dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts());
+  const DeclRefExpr *DRE = fieldBase(ME);
   const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
-  if (!VD || !VD->isLocalVarDecl() || VD->isStaticLocal() || VD->getType()->isReferenceType() ||
-      VD->getParentFunctionOrMethod() != FD)
+  if (!VD || !VD->isLocalVarDecl() || VD->isStaticLocal() || VD->getParentFunctionOrMethod() != FD)
     return nullptr;
-  const auto *RD = VD->getType()->getAsCXXRecordDecl();
-  return RD && RD->isAggregate() && !RD->isLambda() ? VD : nullptr;
+  if (VD->getType()->isReferenceType())
+    return !ME->isArrow() && isLoaderBatch(VD, Ctx) ? VD : nullptr;
+  if (ME->isArrow())
+    return isFreshLocalModule(VD, FD) ? VD : nullptr;
+  return M.isTensorStruct(VD->getType()) ? VD : nullptr;
 }
 
 const CFGBlock *FunctionAnalyzer::blockWithId(unsigned Id) const {

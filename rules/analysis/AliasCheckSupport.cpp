@@ -45,9 +45,13 @@ std::string writeName(const WriteEvent &W) {
   return "write";
 }
 
-// `out.logits` for a field of a local struct, else the handle's name.
+// `out.logits` for a field of a local struct (`lin->weight` of a local
+// module), else the handle's name.
 std::string handleName(const AffectedHandle &A) {
-  return A.Owner ? A.Owner->getNameAsString() + "." + declName(A.Decl) : declName(A.Decl);
+  if (!A.Owner)
+    return declName(A.Decl);
+  return A.Owner->getNameAsString() + (isModuleHolderType(A.Owner->getType()) ? "->" : ".") +
+         declName(A.Decl);
 }
 
 std::string changedName(const AffectedHandle &A, const TensorModel &M) {

@@ -114,8 +114,8 @@ GradFacts::EntryFacts AnalysisManager::gradOfParams(const FunctionDecl *FD) {
     return Out;
   for (unsigned I = 0; I < FD->getNumParams(); ++I) {
     const ParmVarDecl *P = FD->getParamDecl(I);
-    if (!Model.isTensorType(P->getType()))
-      continue;
+    if (!Model.isTensorType(P->getType()) && !Model.isTensorStruct(P->getType()))
+      continue; // a struct of tensors: `const Output &out` given a module's result
     const Expr *First = nullptr;
     bool All = llvm::all_of(*Sites, [&](const CallSites::Site &S) {
       std::optional<const Expr *> Arg = gradArgument(S, I);

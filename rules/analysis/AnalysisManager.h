@@ -47,8 +47,9 @@ private:
   /// FD is called in the main file, and only with grad mode off: under a
   /// no-grad guard at each call, or in a caller that is itself (two levels).
   bool gradOffAtEntry(const FunctionDecl *FD, unsigned Depth = 0);
-  /// FD's tensor parameters that every call in the main file with grad mode
-  /// on (at least one) passes a tensor requiring grad: they require grad at entry.
+  /// FD's tensor parameters (and plain structs of them) that every call in
+  /// the main file with grad mode on (at least one) passes a value requiring
+  /// grad: they require grad at entry.
   GradFacts::EntryFacts gradOfParams(const FunctionDecl *FD);
   /// The call at S's I-th argument when it requires grad there; null when
   /// grad mode is off at S; none when it may not require grad.

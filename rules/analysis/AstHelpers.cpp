@@ -262,6 +262,23 @@ bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx) {
   return false;
 }
 
+// V is never the target of an assignment in Body: its initializer is its value.
+bool neverAssigned(const VarDecl *V, const Stmt *Body) {
+  llvm::SmallVector<const Stmt *, 32> Work{Body};
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    const Expr *L = assignmentSides(S).first;
+    if (const auto *D = L ? dyn_cast<DeclRefExpr>(L->IgnoreParenImpCasts()) : nullptr;
+        D && D->getDecl() == V)
+      return false;
+    for (const Stmt *C : S->children())
+      Work.push_back(C);
+  }
+  return true;
+}
+
 void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out) {
   if (!S || isa<LambdaExpr>(S))
     return;

@@ -96,6 +96,9 @@ bool inTemplateInstantiation(const Stmt *S, ASTContext &Ctx);
 /// (null when E is not an initialiser).
 const VarDecl *initialisedVar(const Expr *E, ASTContext &Ctx);
 
+/// V is never the target of an assignment in Body: its initializer is its value.
+bool neverAssigned(const VarDecl *V, const Stmt *Body);
+
 /// The `return` statements of a body, not those of lambdas in it.
 void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out);
 

@@ -54,7 +54,7 @@ bool isResultElement(const MemberExpr *ME, const TensorModel &Model) {
     return false;
   if (RD->getIdentifier() && RD->getName() == "pair" && RD->isInStdNamespace())
     return true;
-  return RD->hasDefinition() && RD->isAggregate() && Model.isTensorType(Field->getType());
+  return Model.isTensorStructField(Field);
 }
 
 // Every value its class gives the device field F: the default member

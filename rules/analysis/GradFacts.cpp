@@ -161,8 +161,7 @@ bool isRequiresGradSetter(const CXXMemberCallExpr *MC) {
          (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad");
 }
 
-// A method of the user's module, other than forward, that runs one of its
-// layers (`decode`, `encode`): its result comes from them as forward's does.
+// S calls a layer: a module with parameters, or a module's forward.
 bool runsALayer(const Stmt *S) {
   if (!S)
     return false;
@@ -176,26 +175,18 @@ bool runsALayer(const Stmt *S) {
   return llvm::any_of(S->children(), [](const Stmt *C) { return runsALayer(C); });
 }
 
+bool isTrue(const Expr *E, ASTContext &Ctx) {
+  bool V = true;
+  return !E || isa<CXXDefaultArgExpr>(E) || !E->EvaluateAsBooleanCondition(V, Ctx) || V;
+}
+} // namespace
+
 bool isUserLayerMethod(const CXXMemberCallExpr *Call) {
   const CXXMethodDecl *M = Call->getMethodDecl();
   const FunctionDecl *Def = nullptr;
   return M && isModuleRecord(M->getParent()) && !isTensorLibraryCode(M) && M->hasBody(Def) &&
          runsALayer(Def->getBody());
 }
-
-// A plain struct with a tensor field: the results of a module method.
-bool isTensorStruct(QualType T, const TensorModel &Model) {
-  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
-  return RD && RD->hasDefinition() && RD->isAggregate() && !RD->isInStdNamespace() &&
-         llvm::any_of(RD->fields(),
-                      [&](const FieldDecl *F) { return Model.isTensorType(F->getType()); });
-}
-
-bool isTrue(const Expr *E, ASTContext &Ctx) {
-  bool V = true;
-  return !E || isa<CXXDefaultArgExpr>(E) || !E->EvaluateAsBooleanCondition(V, Ctx) || V;
-}
-} // namespace
 
 const Expr *passedTensor(const Expr *E, const TensorModel &Model) {
   if (Model.isTensorExpr(E))
@@ -375,7 +366,7 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
                ? combineInputs(Call, St)
                : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
   // `decode(z)`, or `observe(obs)` returning a struct of tensors (`out.kl`).
-  if ((Model.isTensorExpr(Call) || isTensorStruct(Call->getType(), Model)) && isUserLayerMethod(Call))
+  if ((Model.isTensorExpr(Call) || Model.isTensorStruct(Call->getType())) && isUserLayerMethod(Call))
     return {G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
   // Element access on a container of parameters: begin(), value(), at()...
   return eval(Obj, St);
@@ -391,6 +382,12 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
       MC && FD && FD->getIdentifier() && Model.isTensorExpr(MC->getImplicitObjectArgument()) &&
       (FD->getName() == "requires_grad_" || FD->getName() == "set_requires_grad"))
     return evalRequiresGradCall(MC, St);
+  // `p.options()` carries dtype, device and layout, never requires_grad.
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+      MC && FD && FD->getIdentifier() && !Model.isTensorExpr(Call) &&
+      Model.isTensorExpr(MC->getImplicitObjectArgument()->IgnoreParenImpCasts()) &&
+      TensorModel::isMetadataMethod(FD->getName())) // declared on TensorBase: look through the cast
+    return {GradKind::NoGrad, nullptr};
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
     OverloadedOperatorKind K = OC->getOperator();
     if (isModuleCall(OC))
@@ -453,10 +450,12 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
     if (F && parameterField(F))
       return frozen(ME->getBase()) ? GradFact{} : GradFact{GradKind::Leaf, ME};
     // A tensor field of a module's result (the struct a `forward` returns)
-    // follows it, as `auto [a, b] = net(x)` does.
+    // follows it, as `auto [a, b] = net(x)` does; so does one of a struct
+    // parameter every call gives such a result (gradOfParams).
     if (F && !ME->isArrow() && Model.isTensorType(F->getType())) {
       GradFact Base = eval(ME->getBase(), St);
-      if (Base.Kind == GradKind::NonLeaf || Base.Kind == GradKind::NoGrad)
+      if (Base.Kind == GradKind::NonLeaf || Base.Kind == GradKind::NoGrad ||
+          Base.Kind == GradKind::RequiresGrad)
         return Base;
     }
     return {};

@@ -9,6 +9,7 @@
 
 #include "clang/AST/Decl.h"
 #include "clang/AST/Expr.h"
+#include "clang/AST/ExprCXX.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -21,6 +22,12 @@ class CFGBlock;
 } // namespace clang
 
 namespace clang::tidy::tensor {
+
+/// A method of the user's module, other than forward, that runs one of its
+/// layers (`decode`, `encode`, `infer`): its result comes from them as
+/// forward's does, on its input's device.
+bool isUserLayerMethod(const CXXMemberCallExpr *Call);
+
 
 class FrozenParameters;
 

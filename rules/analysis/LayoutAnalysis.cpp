@@ -195,22 +195,6 @@ const CallExpr *moduleCallIn(const Expr *E) {
   return nullptr;
 }
 
-// V is never the target of an assignment in Body: its initializer is its value.
-bool neverAssigned(const VarDecl *V, const Stmt *Body) {
-  llvm::SmallVector<const Stmt *, 32> Work{Body};
-  while (!Work.empty()) {
-    const Stmt *S = Work.pop_back_val();
-    if (!S)
-      continue;
-    const Expr *L = assignmentSides(S).first;
-    if (const auto *D = L ? dyn_cast<DeclRefExpr>(L->IgnoreParenImpCasts()) : nullptr;
-        D && D->getDecl() == V)
-      return false;
-    for (const Stmt *C : S->children())
-      Work.push_back(C);
-  }
-  return true;
-}
 } // namespace
 
 // A tensor the function did not make: taken as a contiguous float32 CPU
@@ -480,8 +464,11 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
   OpCall C{Call, Name, Op, SelfE, Args, S, evalTensor(SelfE, S)};
   if (Recording)
     Facts[SelfE] = C.Self;
-  if (!Op) // an op the table does not know allocates its result
-    return freshContiguous(Call);
+  if (!Op) { // an op the table does not know allocates its result, on self's device
+    TensorFact R = freshContiguous(Call);
+    inheritDevice(R, C.Self);
+    return R;
+  }
   return applyOp(C);
 }
 
@@ -626,8 +613,7 @@ TensorFact LayoutAnalysis::Impl::onInputDevice(TensorFact F, const Expr *T, Stat
 // The module call whose result (a plain struct) a tensor field ME is read
 // from: the call itself, or a local initialised by it and never assigned.
 const CallExpr *LayoutAnalysis::Impl::structResultOf(const MemberExpr *ME) {
-  const auto *RD = dyn_cast<CXXRecordDecl>(ME->getMemberDecl()->getDeclContext());
-  if (ME->isArrow() || !RD || !RD->hasDefinition() || !RD->isAggregate())
+  if (ME->isArrow() || !Model.isTensorStructField(ME->getMemberDecl()))
     return nullptr;
   const Expr *Base = ME->getBase()->IgnoreImplicit();
   const auto *DRE = dyn_cast<DeclRefExpr>(Base);

@@ -161,11 +161,14 @@ public:
   static void inheritKind(TensorFact &R, const TensorFact &Self) {
     R.ElemSize = Self.ElemSize;
     R.DType = Self.DType;
-    R.Device = Self.Device;
     R.DTypeAssumed = Self.DTypeAssumed;
+    R.FloatingOp = Self.FloatingOp;
+    inheritDevice(R, Self);
+  }
+  static void inheritDevice(TensorFact &R, const TensorFact &Self) {
+    R.Device = Self.Device;
     R.DeviceAssumed = Self.DeviceAssumed;
     R.DeviceRuntime = Self.DeviceRuntime;
-    R.FloatingOp = Self.FloatingOp;
     R.KindSource = Self.KindSource;
   }
   TensorFact unknownLike(const TensorFact &Self) const {

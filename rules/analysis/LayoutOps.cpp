@@ -124,10 +124,21 @@ void LayoutAnalysis::Impl::derived(TensorFact &R, const TensorFact &Self, const 
 //===----------------------------------------------------------------------===//
 
 // The device TensorOptions built in place name: `.device(d)` / `torch::device(d)`
-// in the chain, else the CPU; options from a variable may name any device.
+// in the chain, else the CPU; options from a local never assigned again are
+// its initializer's; from another variable, any device.
 static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, DeviceFacts *Vars) {
   E = stripHandle(E);
-  if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) {
+  // `auto opts = TensorOptions().dtype(kFloat).device(device);`, never assigned again.
+  if (const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E)) {
+    const auto *V = dyn_cast<VarDecl>(DRE->getDecl());
+    const auto *Fn = V ? dyn_cast_or_null<FunctionDecl>(V->getParentFunctionOrMethod()) : nullptr;
+    if (!Fn || !Fn->getBody() || !V->isLocalVarDecl() || V->getType()->isReferenceType() ||
+        V->getType().getAsString().find("TensorOptions") == std::string::npos || !V->getInit() ||
+        !neverAssigned(V, Fn->getBody()))
+      return TensorFact::AnyDevice; // `x.options()` of a tensor x: its device, not known here
+    return optionsDevice(V->getInit(), Runtime, Vars);
+  }
+  if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E)) {
     if (CE->getNumArgs() == 0)
       return TensorFact::CPU;
     TensorFact::DeviceKind D = deviceOf(CE->getArg(0), &Runtime, Vars);

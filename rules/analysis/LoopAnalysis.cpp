@@ -146,8 +146,10 @@ void LoopAnalysis::handOver(const Stmt *Init) {
     handOver(C);
 }
 
+// A tensor the caller passed, or a plain struct of them (`const Batch &b`).
 bool LoopAnalysis::isCallerTensor(const VarDecl *V) const {
-  return isa<ParmVarDecl>(V) && Model.isTensorType(V->getType());
+  return isa<ParmVarDecl>(V) &&
+         (Model.isTensorType(V->getType()) || Model.isTensorStruct(V->getType()));
 }
 
 bool LoopAnalysis::fromCallerTensors(const Expr *E) const {
@@ -260,7 +262,8 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
   unsigned Shift = isa<CXXOperatorCallExpr>(C) && isa_and_nonnull<CXXMethodDecl>(F) ? 1 : 0;
   for (unsigned I = 0; I < C->getNumArgs(); ++I) {
     const Expr *A = C->getArg(I);
-    if ((Model.isTensorExpr(A) || A->getType()->isReferenceType()) &&
+    if ((Model.isTensorExpr(A) || Model.isTensorStruct(A->getType()) ||
+         A->getType()->isReferenceType()) &&
         (!F || I < Shift || mayKeepArg(F, I - Shift)))
       basesOf(A, Out);
   }
@@ -420,18 +423,28 @@ bool LoopAnalysis::returnsFresh(const FunctionDecl *F, unsigned Depth) const {
 }
 
 // E is storage an op has just allocated: tensor arithmetic, a table op
-// that neither views nor may alias, a library function, a fresh TU function.
+// that neither views nor may alias, a library function, a fresh TU function;
+// a view, conversion or in-place write of such storage (`(w / w.sum()).to(kFloat)`);
+// a local never assigned after its fresh initializer (`auto out = zeros(...);
+// ...; return out;`).
 bool LoopAnalysis::isFreshValue(const Expr *E, unsigned Depth) const {
   E = stripHandle(E);
+  if (const auto *D = dyn_cast_or_null<DeclRefExpr>(E))
+    return isFreshLocal(dyn_cast<VarDecl>(D->getDecl()), Depth);
   const auto *C = dyn_cast_or_null<CallExpr>(E);
   if (!C)
     return false;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C))
     return llvm::is_contained({OO_Plus, OO_Minus, OO_Star, OO_Slash}, OC->getOperator()) &&
            Model.isTensorExpr(C);
-  if (const sem::OpInfo *Op = tensorOp(Model, C))
+  if (const sem::OpInfo *Op = tensorOp(Model, C)) {
+    if (aliasing(Op)) {
+      const Expr *Self = TensorModel::selfOf(C);
+      return isFreshValue(Self ? Self : (C->getNumArgs() ? C->getArg(0) : nullptr), Depth);
+    }
     return Op->storage == sem::Storage::Copy || Op->storage == sem::Storage::Fresh ||
            Op->storage == sem::Storage::Factory;
+  }
   const FunctionDecl *F = C->getDirectCallee();
   if (!F || isa<CXXMethodDecl>(F))
     return false;
@@ -439,6 +452,13 @@ bool LoopAnalysis::isFreshValue(const Expr *E, unsigned Depth) const {
     return libraryAllocates(F);
   const FunctionDecl *Body = readableCallee(F);
   return Body && returnsFresh(Body, Depth + 1);
+}
+
+bool LoopAnalysis::isFreshLocal(const VarDecl *V, unsigned Depth) const {
+  const auto *Fn = V ? dyn_cast_or_null<FunctionDecl>(V->getParentFunctionOrMethod()) : nullptr;
+  return Fn && Fn->getBody() && V->isLocalVarDecl() && !V->isStaticLocal() &&
+         !V->getType()->isReferenceType() && V->getInit() && isFreshValue(V->getInit(), Depth) &&
+         neverAssigned(V, Fn->getBody());
 }
 
 bool LoopAnalysis::isDeclaredIn(const VarDecl *V, const Stmt *Loop) const {
@@ -515,7 +535,8 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
       }
     } else if (Obj && Callee) {
       const auto *MD = dyn_cast<CXXMethodDecl>(Callee);
-      if (MD && !MD->isConst() && !MD->isStatic()) {
+      if (MD && !MD->isConst() && !MD->isStatic() &&
+          !(isa<CXXThisExpr>(Obj->IgnoreParenImpCasts()) && collectOwnMethod(MD, F))) {
         markWritten(Obj, F);
         if (isa<CXXThisExpr>(Obj->IgnoreParenImpCasts()))
           F.ThisMutated = true;
@@ -557,6 +578,22 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
     collect(Ch, F);
 }
 
+// A method of this object called in the loop, with its body in the TU: what
+// the body writes is written in the loop (`rollout(s0, samples, g)` writes no
+// field, so `device_` stays invariant). False when the body cannot be read.
+bool LoopAnalysis::collectOwnMethod(const CXXMethodDecl *MD, LoopFacts &F) {
+  const FunctionDecl *Def = readableCallee(MD);
+  if (!Def || !Def->getBody() || isTensorLibraryCode(Def))
+    return false;
+  if (F.OwnMethodsRead.contains(Def))
+    return true; // recursion, or read already
+  if (F.OwnMethodsRead.size() >= kMaxOwnMethods)
+    return false;
+  F.OwnMethodsRead.insert(Def);
+  collect(Def->getBody(), F);
+  return true;
+}
+
 // E names (a handle of) a variable of Alias, also inside a braced or
 // constructed value: `{a, b}`, `Out{a}`.
 bool LoopAnalysis::namesAny(const Expr *E, const llvm::DenseSet<const VarDecl *> &Alias) const {
@@ -580,6 +617,14 @@ bool LoopAnalysis::mayKeepArg(const FunctionDecl *Callee, unsigned I) const {
   if (!Def || isa<CXXConstructorDecl>(Def) || I >= Def->getNumParams() || !Def->getBody() ||
       Ctx.getSourceManager().isInSystemHeader(Def->getLocation()))
     return true;
+  auto [It, New] = KeptParams.try_emplace({Def, I}, true);
+  if (New)
+    It->second = bodyKeepsParam(Def, I);
+  return It->second;
+}
+
+// mayKeepArg for a body of the TU: a walk of it, following local handles.
+bool LoopAnalysis::bodyKeepsParam(const FunctionDecl *Def, unsigned I) const {
   llvm::DenseSet<const VarDecl *> Alias{Def->getParamDecl(I)};
   llvm::SmallVector<const Stmt *, 32> Work{Def->getBody()};
   while (!Work.empty()) { // pre-order: declarations come before their uses
@@ -612,8 +657,9 @@ bool LoopAnalysis::mayKeepArg(const FunctionDecl *Callee, unsigned I) const {
 bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth) const {
   if (!Callee || Depth > 3)
     return true;
-  if (isTensorLibraryCode(Callee))
-    return Callee->getIdentifier() && sem::isInPlaceName(Callee->getName()) && I == 0;
+  if (isTensorLibraryCode(Callee)) // `torch::relu_(t)` writes t; `a.add_(b)` reads b
+    return Callee->getIdentifier() && sem::isInPlaceName(Callee->getName()) && I == 0 &&
+           !isa<CXXMethodDecl>(Callee);
   const FunctionDecl *Def = nullptr;
   if (!Callee->hasBody(Def) || !Def || I >= Def->getNumParams())
     return true;
@@ -814,9 +860,15 @@ bool LoopAnalysis::mayChangeIn(const Expr *E, llvm::ArrayRef<const Stmt *> Regio
 
 bool LoopAnalysis::isInvariantMember(const MemberExpr *ME, const Stmt *Loop, const LoopFacts &F,
                                      unsigned Depth) {
-  if (fieldWritten(dyn_cast<FieldDecl>(ME->getMemberDecl()), F))
-    return false;
+  const auto *Fl = dyn_cast<FieldDecl>(ME->getMemberDecl());
   const Expr *Base = ME->getBase()->IgnoreParenImpCasts();
+  // A field of the caller's struct of tensors (`batch.x`) is the caller's
+  // data: an opaque call does not reach it (Note [Opaque calls]).
+  const auto *D = ME->isArrow() ? nullptr : dyn_cast<DeclRefExpr>(Base);
+  const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+  bool CallerField = V && isCallerTensor(V) && !HandedOver.count(V);
+  if (CallerField ? !Fl || F.WrittenFields.count(Fl) : fieldWritten(Fl, F))
+    return false;
   if (isa<CXXThisExpr>(Base))
     return !F.ThisMutated;
   if (ME->isArrow())

@@ -13,6 +13,7 @@
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 #include <memory>
 
@@ -67,7 +68,10 @@ private:
     llvm::DenseSet<const FieldDecl *> WrittenFields;
     bool Opaque = false;      // a call that may write storage we cannot see
     bool ThisMutated = false; // a non-const method of *this, or this passed out
+    llvm::SmallPtrSet<const FunctionDecl *, 4> OwnMethodsRead; // collectOwnMethod's bodies
   };
+  static constexpr unsigned kMaxOwnMethods = 16;
+  bool collectOwnMethod(const CXXMethodDecl *MD, LoopFacts &F);
   const LoopFacts &factsOf(const Stmt *Loop);
   void collect(const Stmt *S, LoopFacts &F);
   void markWritten(const Expr *E, LoopFacts &F);
@@ -86,6 +90,7 @@ private:
   /// Every `return` of the TU function F hands back newly allocated storage.
   bool returnsFresh(const FunctionDecl *F, unsigned Depth = 0) const;
   bool isFreshValue(const Expr *E, unsigned Depth) const;
+  bool isFreshLocal(const VarDecl *V, unsigned Depth) const;
   bool rootsForeign(const Expr *E) const;
   bool isCallerTensor(const VarDecl *V) const;
   /// E's storage comes only from the caller's tensors.
@@ -102,6 +107,7 @@ private:
   /// true unless its body is visible and only reads it.
   bool mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth = 0) const;
   bool mayKeepArg(const FunctionDecl *Callee, unsigned I) const;
+  bool bodyKeepsParam(const FunctionDecl *Def, unsigned I) const;
   bool namesAny(const Expr *E, const llvm::DenseSet<const VarDecl *> &Alias) const;
 
   const TensorModel &Model;
@@ -123,6 +129,7 @@ private:
   /// Its address is taken or a lambda captures it by reference.
   bool pinned(const VarDecl *V) const;
   mutable llvm::DenseMap<const FunctionDecl *, bool> FreshReturns; // returnsFresh, per function
+  mutable llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, bool> KeptParams; // bodyKeepsParam
   llvm::DenseMap<const Stmt *, std::unique_ptr<LoopFacts>> Loops;
 };
 

@@ -139,6 +139,25 @@ bool TensorModel::isMetadataMethod(llvm::StringRef Name) {
       .Default(false);
 }
 
+namespace {
+bool isPlainStruct(const CXXRecordDecl *RD) {
+  return RD && RD->hasDefinition() && RD->isAggregate() && !RD->isLambda() &&
+         !RD->isInStdNamespace();
+}
+} // namespace
+
+bool TensorModel::isTensorStruct(QualType T) const {
+  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  return isPlainStruct(RD) && llvm::any_of(RD->fields(), [&](const FieldDecl *F) {
+           return isTensorType(F->getType());
+         });
+}
+
+bool TensorModel::isTensorStructField(const ValueDecl *D) const {
+  const auto *F = dyn_cast_or_null<FieldDecl>(D);
+  return F && isTensorType(F->getType()) && isPlainStruct(dyn_cast<CXXRecordDecl>(F->getParent()));
+}
+
 bool TensorModel::mayHoldTensors(QualType T, unsigned Depth) const {
   T = T.getNonReferenceType();
   if (T->isPointerType())

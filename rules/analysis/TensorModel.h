@@ -54,6 +54,13 @@ public:
   // class holding one, a pointer): c10::Device, TensorOptions, ints cannot.
   bool mayHoldTensors(QualType T, unsigned Depth = 0) const;
 
+  // A plain struct (an aggregate of the user's, not a lambda) with a tensor
+  // field: what a module method returns by value (`out.logits`). Its fields
+  // come from one computation; the grad, layout and device facts read them so.
+  bool isTensorStruct(QualType T) const;
+  // A tensor field of such a struct.
+  bool isTensorStructField(const ValueDecl *D) const;
+
   // Methods that read only metadata (shape, dtype, device, flags), never data.
   static bool isMetadataMethod(llvm::StringRef Name);
 

@@ -163,3 +163,42 @@ void structPassedOn(Heads &net, const torch::Tensor &x) {
   // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'v' also changes 'out.value'
   keepOutput(out);
 }
+
+// A module made in the function owns its parameters: initialising the new
+// table writes none of the old one's storage.
+void growEmbedding(torch::nn::Embedding &word, int64_t n) {
+  auto old_w = word->weight;
+  auto grown = torch::nn::Embedding(n, old_w.size(1));
+  torch::nn::init::normal_(grown->weight, 0.0, 0.02);
+  torch::NoGradGuard no_grad;
+  grown->weight.narrow(0, 0, old_w.size(0)).copy_(old_w);
+  word = grown;
+}
+// A handle of its weight written while the weight is read later is reported,
+// named through the holder.
+torch::Tensor doubledLayer(int64_t n, const torch::Tensor &x) {
+  auto lin = torch::nn::Linear(n, n);
+  auto w = lin->weight;
+  torch::NoGradGuard no_grad;
+  w.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'w' also changes 'lin->weight', which shares its storage
+  return x.matmul(lin->weight);
+}
+
+// A data loader makes each batch anew: normalising its images in place
+// changes nothing the loop reads again; reading them after the write does.
+void normaliseBatches(torch::nn::Linear &model) {
+  auto loader = torch::data::make_data_loader(
+      torch::data::datasets::MNIST("data").map(torch::data::transforms::Stack<>()), 64);
+  for (auto &batch : *loader) {
+    auto x = batch.data;
+    x.sub_(0.5);
+    model->forward(x.flatten(1));
+  }
+  for (auto &batch : *loader) {
+    auto x = batch.data;
+    x.sub_(0.5);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'sub_' on 'x' also changes 'batch.data', which shares its storage
+    std::cout << batch.data.mean() << "\n";
+  }
+}

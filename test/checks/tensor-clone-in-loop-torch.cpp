@@ -138,3 +138,89 @@ void trainKeeping(torch::nn::Linear &head, torch::optim::Optimizer &opt,
     opt.step();
   }
 }
+
+// A helper of the file returning a conversion of storage it made returns
+// fresh storage, not the labels': the optimizer step cannot change it.
+torch::Tensor classWeights(const torch::Tensor &labels, int64_t n) {
+  auto counts = torch::bincount(labels, {}, n).to(torch::kDouble);
+  return (counts / counts.sum()).to(torch::kFloat);
+}
+void trainWeighted(torch::nn::Linear &model, torch::optim::Optimizer &opt,
+                   const torch::Tensor &labels, int n) {
+  torch::Device device(torch::kCUDA);
+  auto w = classWeights(labels, 4);
+  auto inv = torch::inverse(torch::eye(4));
+  for (int i = 0; i < n; ++i) {
+    auto x = torch::randn({2, 4}).to(device);
+    auto loss = (model->forward(x) * w.to(device)).sum() + inv.to(device).sum();
+    // CHECK-MESSAGES: :[[@LINE-1]]:40: warning: 'to' of loop-invariant 'w' copies it to another device again on every iteration
+    // CHECK-MESSAGES: :[[@LINE-2]]:64: warning: 'to' of loop-invariant 'inv' copies it to another device again on every iteration
+    loss.backward();
+    opt.step();
+  }
+}
+
+// The fields of the caller's struct of tensors are the caller's data: the
+// optimizer step does not reach them; a loop that assigns one does.
+struct Series {
+  torch::Tensor times, states;
+};
+void fitSeries(torch::nn::Linear &model, torch::optim::Optimizer &opt, const Series &s, int n) {
+  torch::Device device(torch::kCUDA);
+  for (int i = 0; i < n; ++i) {
+    auto t = s.times.narrow(0, 0, 4).to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:38: warning: 'to' of loop-invariant 's.times.narrow(0, 0, 4)' copies it to another device again on every iteration
+    model->forward(t).sum().backward();
+    opt.step();
+  }
+}
+void shiftSeries(Series &s, int n) {
+  torch::Device device(torch::kCUDA);
+  for (int i = 0; i < n; ++i) {
+    auto t = s.times.to(device);
+    s.times = s.times + 1;
+  }
+}
+
+// A method of the object called in the loop is read: one that writes no
+// field leaves `device_` invariant; one that assigns it does not.
+class Planner {
+public:
+  torch::Tensor plan(const torch::Tensor &s0, const torch::Tensor &goal, int iters) {
+    torch::Tensor best;
+    for (int it = 0; it < iters; ++it) {
+      auto g = goal.to(device_);
+      // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'to' of loop-invariant 'goal' copies it to another device again on every iteration
+      best = rollout(s0, g);
+    }
+    return best;
+  }
+  torch::Tensor replan(const torch::Tensor &goal, int iters) {
+    torch::Tensor best;
+    for (int it = 0; it < iters; ++it) {
+      auto g = goal.to(device_);
+      best = rollout(g, g);
+      pickDevice(it);
+    }
+    return best;
+  }
+
+private:
+  torch::Tensor rollout(const torch::Tensor &s, const torch::Tensor &goal) {
+    return (s - goal).pow(2).sum(-1);
+  }
+  void pickDevice(int it) { device_ = it % 2 ? torch::kCUDA : torch::kCPU; }
+  torch::Device device_ = torch::kCUDA;
+};
+
+// `acc.add_(x)` writes acc, not x: the copy of x is still loop-invariant.
+void accumulate(const torch::Tensor &x, int n) {
+  torch::Device device(torch::kCUDA);
+  auto acc = torch::zeros({4}, torch::TensorOptions().device(device));
+  for (int i = 0; i < n; ++i) {
+    auto xd = x.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: 'to' of loop-invariant 'x' copies it to another device again on every iteration
+    acc.add_(xd);
+    acc.add_(x.sum());
+  }
+}

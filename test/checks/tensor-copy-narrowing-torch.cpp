@@ -93,3 +93,14 @@ void widening(const Tensor &x) {
   Tensor f = torch::zeros({4});
   f.copy_(torch::arange(4));
 }
+
+// Scalar arithmetic names its tensor: `rois * scale` is taken as float32,
+// as `rois` is; a source whose name says it holds symbols is not.
+void quantiseRois(const torch::Tensor &rois, const torch::Tensor &text, double scale, int64_t k) {
+  auto grid = torch::empty({k, 4}, torch::kLong);
+  grid.copy_(rois * scale);
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: copy_ silently converts float32 to int64 (the destination's dtype): fractions are truncated toward zero (assuming 'rois' is float32
+  // CHECK-FIXES: grid.copy_((rois * scale).to(grid.scalar_type()));
+  auto padded = torch::zeros({k, 8}, torch::kLong);
+  padded.narrow(1, 0, 4).copy_(text);
+}

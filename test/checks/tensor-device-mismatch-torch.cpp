@@ -325,3 +325,37 @@ torch::Tensor dequantise(const torch::Tensor &images) {
   // CHECK-MESSAGES: :[[@LINE-1]]:10: error: '+' combines the CPU tensor 'torch::rand(x.sizes())' with 'x'
   return x + torch::rand({});  // a 0-dim CPU tensor is a scalar: allowed
 }
+
+// A method of the user's module that runs its layers takes its input as
+// forward does; one that runs none (a statistics update) is not judged.
+struct SpeakerNetImpl : torch::nn::Module {
+  SpeakerNetImpl() : emb(register_module("emb", torch::nn::Embedding(40, 8))) {}
+  torch::Tensor infer(const torch::Tensor &ids) { return emb(ids).mean(1); }
+  void track(const torch::Tensor &lengths) { total += lengths.sum().item<int64_t>(); }
+  torch::nn::Embedding emb;
+  int64_t total = 0;
+};
+TORCH_MODULE(SpeakerNet);
+torch::Tensor synthesize(SpeakerNet &model, const std::vector<int64_t> &ids) {
+  model->to(torch::kCUDA);
+  auto text = torch::tensor(ids).unsqueeze(0);
+  model->track(text);
+  return model->infer(text);
+  // CHECK-MESSAGES: :[[@LINE-1]]:17: error: 'infer' combines the CPU tensor 'text' with the parameters of 'model', moved to CUDA
+}
+
+// Options held in a local never assigned again name the device of their
+// initializer; assigned again, any device.
+torch::Tensor projectPoints(int64_t b) {
+  torch::Device device(torch::kCUDA);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  auto k = torch::tensor({{1.0, 0.0}, {0.0, 1.0}});
+  auto pose = torch::eye(2, opts).unsqueeze(0).expand({b, 2, 2});
+  auto p = k.matmul(pose);
+  // CHECK-MESSAGES: :[[@LINE-1]]:14: error: 'matmul' combines the CPU tensor 'k' with 'pose'
+  auto host = torch::TensorOptions().device(device);
+  host = torch::TensorOptions();
+  auto q = torch::randn({2, 2}).to(device);
+  auto noise = torch::randn({2, 2}, q.options()); // q's options: q's device
+  return p + k.matmul(torch::eye(2, host)) + q.add(noise);
+}

@@ -287,3 +287,13 @@ void otherModules(QNet &a, QNet &b) {
     p.add_(1);
   // CHECK-MESSAGES: :[[@LINE-1]]:7: error: in-place 'add_' on 'p', a leaf tensor
 }
+
+// `bias.options()` carries dtype, device and layout, not requires_grad: a
+// tensor made with it is no leaf that requires grad.
+void growBias(torch::nn::Linear &head, int64_t n) {
+  auto b = torch::zeros({n}, head->bias.options());
+  b.narrow(0, 0, head->bias.size(0)).copy_(head->bias.detach());
+  auto w = torch::zeros({n}, head->bias.options().requires_grad(true));
+  w.narrow(0, 0, 2).fill_(1.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: error: in-place 'fill_' on 'w.narrow(0, 0, 2)', a view of a leaf tensor that requires grad
+}

@@ -359,3 +359,45 @@ void customFunctions(torch::nn::Linear &fc, const Tensor &x) {
   twice.sub_(1);
   twice.sum().backward();
 }
+
+// The graph leaves through a struct of losses as through a tensor, and a
+// struct parameter every call gives a module's result requires grad.
+struct HeadLosses {
+  torch::Tensor cls, mask;
+};
+HeadLosses headLosses(const torch::Tensor &logits) {
+  auto probs = torch::sigmoid(logits);
+  probs.clamp_(1e-6, 1.0 - 1e-6);
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'clamp_' on 'probs', which 'sigmoid' saved for backward (its result)
+  return {probs.sum(), logits.sum()};
+}
+struct DecoderOut {
+  torch::Tensor mel, gates;
+};
+struct DecoderImpl : torch::nn::Module {
+  DecoderImpl() : proj(register_module("proj", torch::nn::Linear(4, 4))) {}
+  DecoderOut forward(const torch::Tensor &x) { return {proj(x), proj(x).sum(1)}; }
+  torch::nn::Linear proj;
+};
+TORCH_MODULE(Decoder);
+torch::Tensor stopLoss(const DecoderOut &out, const torch::Tensor &target) {
+  auto stop = torch::sigmoid(out.gates);
+  stop.clamp_(1e-6, 1.0 - 1e-6);
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: in-place 'clamp_' on 'stop', which 'sigmoid' saved for backward (its result)
+  return torch::binary_cross_entropy(stop, target);
+}
+void trainDecoder(Decoder &dec, torch::nn::Linear &head, const torch::Tensor &x) {
+  auto out = dec->forward(x);
+  auto l = headLosses(head(x));
+  (stopLoss(out, torch::rand({4})) + l.cls + l.mask).backward();
+}
+// Under no-grad at its only call, the struct carries no graph.
+torch::Tensor evalStop(const DecoderOut &out) {
+  auto stop = torch::sigmoid(out.gates);
+  stop.clamp_(1e-6, 1.0 - 1e-6);
+  return stop;
+}
+torch::Tensor evaluateDecoder(Decoder &dec, const torch::Tensor &x) {
+  torch::NoGradGuard no_grad;
+  return evalStop(dec->forward(x));
+}
