@@ -67,17 +67,6 @@ std::string loss(StringRef Src, StringRef Dst) {
   return "";
 }
 
-// Names that hold integer data whatever their type says: a source of unknown
-// dtype with such a name is not taken as float32.
-bool integerName(StringRef Name) {
-  std::string L = Name.lower();
-  for (StringRef W : {"idx", "index", "indices", "label", "target", "token", "ids", "mask",
-                      "action", "count", "class", "len", "pos", "step", "seed", "text", "symbol"})
-    if (StringRef(L).contains(W))
-      return true;
-  return false;
-}
-
 // The tensor a view chain starts from (`buf` of `buf.narrow(0, i, n)[j]`):
 // the destination named in the fix-it, the source whose name is read.
 const Expr *baseOf(const Expr *E) {
@@ -218,7 +207,7 @@ void CopyNarrowingCheck::report(const Copy &C, const MatchFinder::MatchResult &R
     std::string Name = Lexer::getSourceText(CharSourceRange::getTokenRange(Base->getSourceRange()),
                                             *Result.SourceManager, Ctx.getLangOpts())
                            .str();
-    if (integerName(Name))
+    if (namesIntegerData(Name))
       return;
     Assumed = " (assuming " + S->KindSource + " is float32, as nearly all such tensors are)";
   } else if (S->DType.empty()) {

@@ -29,13 +29,8 @@ namespace {
 // leaves: a module's forward, or a function returning a tensor, a plain
 // struct of them (`RoiLosses{cls, box, mask}`) or a pair or tuple of them.
 bool graphLeaves(const FunctionDecl *FD, const TensorModel &Model) {
-  QualType R = FD->getReturnType();
-  const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(R->getAsCXXRecordDecl());
-  bool TensorTuple = TS && TS->isInStdNamespace() && TS->getIdentifier() &&
-                     llvm::is_contained({"pair", "tuple"}, TS->getName()) &&
-                     Model.mayHoldTensors(R);
-  return (FD->getIdentifier() && FD->getName() == "forward") || Model.isTensorType(R) ||
-         Model.isTensorStruct(R) || TensorTuple;
+  return (FD->getIdentifier() && FD->getName() == "forward") ||
+         Model.isTensorBundle(FD->getReturnType());
 }
 
 std::string opLabel(const CallExpr *Op) {

@@ -92,7 +92,22 @@ struct InPlaceUse {
   std::string OutOfPlace;
   SourceRange Args;
   llvm::SmallVector<const Expr *, 2> ArgExprs;
+  bool Chained = false; // more in-place calls follow in the statement
 };
+
+// `x.sub_(m).div_(s)`: the innermost of a chain of in-place method calls.
+const Expr *firstOfInPlaceChain(const Expr *E, bool &Chained) {
+  while (const auto *MC = dyn_cast<CXXMemberCallExpr>(E)) {
+    const CXXMethodDecl *MD = MC->getMethodDecl();
+    const Expr *Obj = MC->getImplicitObjectArgument()->IgnoreImplicit();
+    if (!MD || !MD->getIdentifier() || !MD->getName().ends_with("_") ||
+        !isa<CXXMemberCallExpr>(Obj))
+      break;
+    E = Obj;
+    Chained = true;
+  }
+  return E;
+}
 
 std::string outOfPlaceOf(StringRef InPlace) {
   std::string Out = llvm::StringSwitch<std::string>(InPlace)
@@ -119,6 +134,7 @@ std::optional<InPlaceUse> inPlaceStatement(const Stmt *S, const VarDecl *V) {
     return D && D->getDecl() == V;
   };
   InPlaceUse U;
+  E = firstOfInPlaceChain(E, U.Chained);
   U.Call = E;
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(E)) {
     const CXXMethodDecl *MD = MC->getMethodDecl();
@@ -264,11 +280,12 @@ void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *F
                 "passes over the data where the out-of-place op makes the same tensor in one; "
                 "use '%2'")
            << (Src.size() <= 40 ? Src.str() : std::string("the tensor")) << Op.str()
-           << (Repl.size() <= 60 ? Repl : "'" + U->OutOfPlace + "'");
+           << (Repl.size() <= 60 ? Repl : U->OutOfPlace);
   SourceLocation Semi =
       Lexer::findLocationAfterToken(U->Call->getEndLoc(), tok::semi, SM, Ctx.getLangOpts(), false);
-  bool Fixable = !Src.empty() && (U->Args.isInvalid() || !Args.empty()) && Semi.isValid() &&
-                 !First->getBeginLoc().isMacroID() && !inTemplateInstantiation(C.Call, Ctx);
+  bool Fixable = !Src.empty() && !U->Chained && (U->Args.isInvalid() || !Args.empty()) &&
+                 Semi.isValid() && !First->getBeginLoc().isMacroID() &&
+                 !inTemplateInstantiation(C.Call, Ctx);
   if (Fixable)
     D << FixItHint::CreateReplacement(C.Call->getSourceRange(), Repl)
       << FixItHint::CreateRemoval(wholeLines(First->getBeginLoc(), Semi.getLocWithOffset(-1), SM));

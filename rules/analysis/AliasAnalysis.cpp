@@ -151,26 +151,35 @@ const DeclRefExpr *fieldBase(const MemberExpr *ME) {
 
 // A module made here (`auto grown = nn::Embedding(n, d)`), not a copy of
 // another holder, and never rebound: its parameters are its own storage.
-bool isFreshLocalModule(const VarDecl *VD, const FunctionDecl *FD) {
-  const auto *CE = dyn_cast_or_null<CXXConstructExpr>(stripHandle(VD->getInit()));
-  return CE && isModuleHolderType(VD->getType()) && FD->getBody() &&
-         llvm::none_of(CE->arguments(),
-                       [](const Expr *A) { return isModuleHolderType(A->getType()); }) &&
-         neverAssigned(VD, FD->getBody());
+bool isFreshLocalModule(const VarDecl *VD, FixedLocals &Locals) {
+  if (!isModuleHolderType(VD->getType()))
+    return false;
+  const auto *CE = dyn_cast_or_null<CXXConstructExpr>(stripHandle(Locals.initializerOf(VD)));
+  return CE && llvm::none_of(CE->arguments(),
+                             [](const Expr *A) { return isModuleHolderType(A->getType()); });
 }
 
 // `batch` of `for (auto &batch : *loader)`: a torch::data loader makes each
 // batch anew (Stack<> stacks fresh tensors), so its fields are the
 // iteration's own, as a local struct's are.
+bool isTorchDataLoader(const CXXRecordDecl *RD) {
+  RD = RD ? RD->getDefinition() : nullptr;
+  if (!RD)
+    return false;
+  // The stateless and stateful loaders both derive from DataLoaderBase.
+  if (RD->getIdentifier() && RD->getName() == "DataLoaderBase" && isInNamespace(RD, {"torch"}))
+    return true;
+  return llvm::any_of(RD->bases(), [](const CXXBaseSpecifier &B) {
+    return isTorchDataLoader(B.getType()->getAsCXXRecordDecl());
+  });
+}
+
 bool isLoaderBatch(const VarDecl *VD, ASTContext &Ctx) {
   for (const DynTypedNode &P : Ctx.getParents(*VD))
     if (const auto *DS = P.get<DeclStmt>())
       for (const DynTypedNode &G : Ctx.getParents(*DS))
-        if (const auto *RF = G.get<CXXForRangeStmt>(); RF && RF->getLoopVariable() == VD) {
-          const auto *RD = RF->getRangeInit()->getType()->getAsCXXRecordDecl();
-          return RD && RD->getIdentifier() && RD->getName().contains("DataLoader") &&
-                 isInNamespace(RD, {"torch"});
-        }
+        if (const auto *RF = G.get<CXXForRangeStmt>(); RF && RF->getLoopVariable() == VD)
+          return isTorchDataLoader(RF->getRangeInit()->getType()->getAsCXXRecordDecl());
   return false;
 }
 
@@ -319,6 +328,7 @@ private:
   llvm::DenseSet<const DeclRefExpr *> NonReads;
   llvm::DenseMap<std::pair<const VarDecl *, const FieldDecl *>, unsigned> LocalFields;
   std::optional<llvm::DenseSet<const DeclRefExpr *>> MemberBases; // `v` of `v.f`, on first use
+  mutable FixedLocals Locals; // locals' initializers, for local modules
   std::vector<std::pair<unsigned, unsigned>> Children; // flattened (child, edge index)
   std::vector<unsigned> ChildBegin;
   // Returned node sets, for the summary.
@@ -672,7 +682,7 @@ const VarDecl *FunctionAnalyzer::localStructOwner(const MemberExpr *ME) const {
   if (VD->getType()->isReferenceType())
     return !ME->isArrow() && isLoaderBatch(VD, Ctx) ? VD : nullptr;
   if (ME->isArrow())
-    return isFreshLocalModule(VD, FD) ? VD : nullptr;
+    return isFreshLocalModule(VD, Locals) ? VD : nullptr;
   return M.isTensorStruct(VD->getType()) ? VD : nullptr;
 }
 

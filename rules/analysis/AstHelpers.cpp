@@ -279,6 +279,27 @@ bool neverAssigned(const VarDecl *V, const Stmt *Body) {
   return true;
 }
 
+bool namesIntegerData(llvm::StringRef Name) {
+  std::string L = Name.lower();
+  for (StringRef W : {"idx", "index", "indices", "label", "target", "token", "ids", "mask",
+                      "action", "count", "class", "len", "pos", "step", "seed", "text", "symbol",
+                      "visit", "prompt"})
+    if (StringRef(L).contains(W))
+      return true;
+  return false;
+}
+
+const Expr *FixedLocals::initializerOf(const VarDecl *V) {
+  auto [It, New] = Memo.try_emplace(V, nullptr);
+  if (!New)
+    return It->second;
+  const auto *Fn = V ? dyn_cast_or_null<FunctionDecl>(V->getParentFunctionOrMethod()) : nullptr;
+  if (Fn && Fn->getBody() && V->isLocalVarDecl() && !V->isStaticLocal() &&
+      !V->getType()->isReferenceType() && V->getInit() && neverAssigned(V, Fn->getBody()))
+    It->second = V->getInit();
+  return It->second;
+}
+
 void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out) {
   if (!S || isa<LambdaExpr>(S))
     return;

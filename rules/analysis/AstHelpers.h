@@ -9,6 +9,7 @@
 #include "clang/AST/StmtCXX.h"
 #include "clang/Basic/SourceManager.h"
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
 
@@ -98,6 +99,24 @@ const VarDecl *initialisedVar(const Expr *E, ASTContext &Ctx);
 
 /// V is never the target of an assignment in Body: its initializer is its value.
 bool neverAssigned(const VarDecl *V, const Stmt *Body);
+
+/// A tensor with this name holds integer data whatever its type says (ids,
+/// labels, counts, actions...): where the code does not show its dtype, it is
+/// not taken as float32.
+bool namesIntegerData(llvm::StringRef Name);
+
+/// Locals that hold their initializer for life: a local variable, not
+/// static, not a reference, initialised and never assigned in its function
+/// (a method call on it may still change what it refers to). Memoised per
+/// variable, since each answer walks the whole function body.
+class FixedLocals {
+public:
+  /// V's initializer when V is such a local; else null.
+  const Expr *initializerOf(const VarDecl *V);
+
+private:
+  llvm::DenseMap<const VarDecl *, const Expr *> Memo;
+};
 
 /// The `return` statements of a body, not those of lambdas in it.
 void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Out);

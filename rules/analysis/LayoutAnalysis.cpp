@@ -20,6 +20,7 @@ namespace clang::tidy::tensor {
 
 bool TensorFact::operator==(const TensorFact &O) const {
   return Contig == O.Contig && Assumed == O.Assumed && DTypeAssumed == O.DTypeAssumed &&
+         IntegerNamed == O.IntegerNamed &&
          DeviceAssumed == O.DeviceAssumed && AssumedSource == O.AssumedSource &&
          KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
          HasDims == O.HasDims && ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
@@ -199,8 +200,9 @@ const CallExpr *moduleCallIn(const Expr *E) {
 
 // A tensor the function did not make: taken as a contiguous float32 CPU
 // tensor, as nearly all are.
-TensorFact assumedInput(const void *Src, std::string Source) {
+TensorFact assumedInput(const void *Src, std::string Source, llvm::StringRef Name) {
   TensorFact F;
+  F.IntegerNamed = namesIntegerData(Name);
   F.Contig = TensorFact::Yes;
   F.DType = "Float";
   F.ElemSize = 4;
@@ -313,7 +315,7 @@ TensorFact LayoutAnalysis::Impl::evalVar(const VarDecl *VD, const Expr *Ref, Sta
   // are inputs like parameters; a local the flow forgot is unknown.
   if (VD->hasLocalStorage() && VD->getDeclContext() == Fn)
     return unknownFact();
-  return assumedInput(VD, "'" + VD->getName().str() + "'");
+  return assumedInput(VD, "'" + VD->getName().str() + "'", VD->getName());
 }
 
 TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
@@ -327,7 +329,7 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl()); BD && Model.isTensorExpr(E)) {
       if (const CallExpr *Rnn = rnnOutputCall(DRE))
         return rnnOutput(DRE, Rnn, S);
-      TensorFact F = assumedInput(BD, "'" + BD->getNameAsString() + "'");
+      TensorFact F = assumedInput(BD, "'" + BD->getNameAsString() + "'", BD->getName());
       // `auto [a, logp] = actor->forward(obs)`: on the module's input's device.
       const auto *DD = dyn_cast_or_null<VarDecl>(BD->getDecomposedDecl());
       if (const CallExpr *Module = DD ? moduleCallIn(DD->getInit()) : nullptr)
@@ -341,10 +343,11 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   if (const auto *ME = dyn_cast<MemberExpr>(E)) {
     if (!Model.isTensorExpr(E))
       return unknownFact();
-    TensorFact F = assumedInput(E, "member '" + ME->getMemberDecl()->getNameAsString() + "'");
+    const ValueDecl *Field = ME->getMemberDecl();
+    TensorFact F = assumedInput(E, "member '" + Field->getNameAsString() + "'", Field->getName());
     // A member of this object is one storage wherever it is named.
     if (isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
-      F.Src = F.Root = ME->getMemberDecl();
+      F.Src = F.Root = Field;
     // `out.logits` of `auto out = net->forward(x)`: on the module's input's device.
     if (const CallExpr *Module = structResultOf(ME))
       return onInputDevice(F, Model.tensorOperand(moduleInput(Module)), S);
@@ -620,12 +623,8 @@ const CallExpr *LayoutAnalysis::Impl::structResultOf(const MemberExpr *ME) {
   const auto *V = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
   if (!V)
     return moduleCallIn(Base);
-  if (!V->hasLocalStorage() || isa<ParmVarDecl>(V) || V->getType()->isReferenceType() || !Fn)
-    return nullptr;
-  auto [It, New] = StructResults.try_emplace(V, nullptr);
-  if (New && neverAssigned(V, Fn->getBody()))
-    It->second = moduleCallIn(V->getInit());
-  return It->second;
+  const Expr *Init = Locals.initializerOf(V);
+  return Init ? moduleCallIn(Init) : nullptr;
 }
 
 // Element 0 of a recurrent module's output, E (Note [batch_first RNN outputs]
@@ -1085,7 +1084,7 @@ void LayoutAnalysis::Impl::run(const FunctionDecl *FD) {
     if (Untracked.count(P))
       continue;
     if (Model.isTensorType(P->getType()))
-      Entry.T[P] = assumedInput(P, "'" + P->getName().str() + "'");
+      Entry.T[P] = assumedInput(P, "'" + P->getName().str() + "'", P->getName());
     else if (P->getType()->isIntegerType())
       Entry.I[P] = ST.sym(P, 0);
   }

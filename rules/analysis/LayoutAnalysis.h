@@ -35,6 +35,9 @@ struct TensorFact {
   bool Assumed = false;
   /// The dtype / device are the float32 / CPU defaults, not shown.
   bool DTypeAssumed = false, DeviceAssumed = false;
+  /// An input whose name says it holds integer data (namesIntegerData): its
+  /// float32 default is not relied on where it would decide a conversion.
+  bool IntegerNamed = false;
   /// The input taken as contiguous, for messages: "'x'", "the result of 'l(x)'".
   std::string AssumedSource;
   /// The input whose dtype / device are taken as float32 / CPU.

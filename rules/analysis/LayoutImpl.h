@@ -2,6 +2,7 @@
 // LayoutOps.cpp: one handler per op family).
 #pragma once
 
+#include "analysis/AstHelpers.h"
 #include "analysis/DeviceFacts.h"
 #include "analysis/LayoutAnalysis.h"
 
@@ -23,7 +24,7 @@ DTypeName dtypeIn(const Stmt *S);
 TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime = nullptr,
                                 DeviceFacts *Vars = nullptr);
 TensorFact unknownFact();
-TensorFact assumedInput(const void *Src, std::string Source);
+TensorFact assumedInput(const void *Src, std::string Source, llvm::StringRef Name = "");
 TensorFact freshContiguous(const void *Src);
 TensorFact join(const TensorFact &A, const TensorFact &B);
 TensorFact::ContigKind toContig(Contig C);
@@ -93,7 +94,7 @@ public:
   LayoutAnalysis::CalleeFn Callees;
   std::optional<TensorFact> Returned;
   DeviceFacts *DeviceVars = nullptr; // what device variables hold (null: run-time values)
-  llvm::DenseMap<const VarDecl *, const CallExpr *> StructResults; // structResultOf's answers
+  FixedLocals Locals; // structResultOf's and the factories' locals
 
   const CallExpr *structResultOf(const MemberExpr *ME);
 
@@ -187,6 +188,8 @@ public:
     setLayout(F, Sizes, contiguousStrides(ST, Sizes));
   }
   void derived(TensorFact &R, const TensorFact &Self, const OpCall &C) const;
+  std::optional<Shape> batchedLikeKnown(const OpCall &C, const std::optional<Shape> &A,
+                                       const std::optional<Shape> &B);
   std::optional<ShapeArg> flattenShape(const TensorFact &Self, std::int64_t Start,
                                        std::int64_t End);
   static std::optional<Viewability> flattenSwapped(const TensorFact &Self, std::int64_t Start,

@@ -119,24 +119,33 @@ void LayoutAnalysis::Impl::derived(TensorFact &R, const TensorFact &Self, const 
   }
 }
 
+static bool isFloatingDType(llvm::StringRef N) {
+  return llvm::is_contained({"Float", "Double", "Half", "BFloat16"}, N);
+}
+
 //===----------------------------------------------------------------------===//
 // Factories
 //===----------------------------------------------------------------------===//
 
+// A TensorOptions (c10's, or the runtime's), by value or reference.
+static bool isOptionsType(QualType T) {
+  const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
+  return RD && RD->getIdentifier() && RD->getName() == "TensorOptions";
+}
+
 // The device TensorOptions built in place name: `.device(d)` / `torch::device(d)`
 // in the chain, else the CPU; options from a local never assigned again are
 // its initializer's; from another variable, any device.
-static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, DeviceFacts *Vars) {
+static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, DeviceFacts *Vars,
+                                            FixedLocals &Locals) {
   E = stripHandle(E);
   // `auto opts = TensorOptions().dtype(kFloat).device(device);`, never assigned again.
   if (const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E)) {
     const auto *V = dyn_cast<VarDecl>(DRE->getDecl());
-    const auto *Fn = V ? dyn_cast_or_null<FunctionDecl>(V->getParentFunctionOrMethod()) : nullptr;
-    if (!Fn || !Fn->getBody() || !V->isLocalVarDecl() || V->getType()->isReferenceType() ||
-        V->getType().getAsString().find("TensorOptions") == std::string::npos || !V->getInit() ||
-        !neverAssigned(V, Fn->getBody()))
+    const Expr *Init = V && isOptionsType(V->getType()) ? Locals.initializerOf(V) : nullptr;
+    if (!Init)
       return TensorFact::AnyDevice; // `x.options()` of a tensor x: its device, not known here
-    return optionsDevice(V->getInit(), Runtime, Vars);
+    return optionsDevice(Init, Runtime, Vars, Locals);
   }
   if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E)) {
     if (CE->getNumArgs() == 0)
@@ -146,7 +155,7 @@ static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, Device
     if (D == TensorFact::AnyDevice &&
         (Ty.find("ScalarType") != std::string::npos || Ty.find("TypeMeta") != std::string::npos))
       return TensorFact::CPU; // zeros({n}, kLong): a dtype, the default device
-    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0), Runtime, Vars) : D;
+    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0), Runtime, Vars, Locals) : D;
   }
   const auto *Call = dyn_cast<CallExpr>(E);
   const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
@@ -155,20 +164,20 @@ static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, Device
   if (FD->getName() == "device" && Call->getNumArgs() >= 1)
     return deviceOf(Call->getArg(Call->getNumArgs() - 1), &Runtime, Vars);
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
-    return optionsDevice(MC->getImplicitObjectArgument(), Runtime, Vars);
+    return optionsDevice(MC->getImplicitObjectArgument(), Runtime, Vars, Locals);
   return isTensorApi(FD) ? TensorFact::CPU : TensorFact::AnyDevice; // torch::dtype(...)
 }
 
 // The device a factory's arguments name; CPU when they name none.
 static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args, bool &Runtime,
-                                            DeviceFacts *Vars) {
+                                            DeviceFacts *Vars, FixedLocals &Locals) {
   for (const Expr *A : Args) {
     if (isa<CXXDefaultArgExpr>(A))
       continue;
     if (TensorFact::DeviceKind D = deviceOf(A, &Runtime, Vars); D != TensorFact::AnyDevice)
       return D;
-    if (A->getType().getAsString().find("TensorOptions") != std::string::npos)
-      return optionsDevice(A, Runtime, Vars);
+    if (isOptionsType(A->getType()))
+      return optionsDevice(A, Runtime, Vars, Locals);
   }
   return TensorFact::CPU;
 }
@@ -249,7 +258,7 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   for (const Expr *A : C.Args)
     if (!DT.Size)
       DT = dtypeIn(A);
-  F.Device = factoryDevice(C.Args, F.DeviceRuntime, deviceVars());
+  F.Device = factoryDevice(C.Args, F.DeviceRuntime, deviceVars(), Locals);
   std::optional<Shape> Sz;
   bool Integral = false;
   if (llvm::is_contained({"zeros", "ones", "empty", "rand", "randn", "full"}, C.Name)) {
@@ -605,6 +614,15 @@ TensorFact LayoutAnalysis::Impl::sliceOp(const OpCall &C) {
   return sliceAlong(C, *D, 1);
 }
 
+// A slice that leaves out part of its dim whatever the tensor's sizes (>1
+// each): `select`, or a narrow / slice starting past 0.
+static bool dropsPartOfDim(const OpCall &C, size_t First, const ASTContext &Ctx) {
+  if (C.Name == "select")
+    return true;
+  std::optional<std::int64_t> Start = C.arg(First) ? constInt(C.arg(First), Ctx) : std::nullopt;
+  return Start && *Start > 0;
+}
+
 // select / narrow / slice along dim D; Arg0 is the index of the dim argument.
 TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, size_t First) {
   const TensorFact &Self = C.Self;
@@ -613,7 +631,13 @@ TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, siz
   std::optional<std::int64_t> Step = StepArg ? constInt(StepArg, Ctx) : 1;
   if (!Self.Sizes) {
     // Along dim 0 of a contiguous tensor (with step 1) it stays contiguous.
-    if (D != 0 || Step != 1 || Self.Contig != TensorFact::Yes) {
+    if (D > 0 && Self.Contig == TensorFact::Yes && dropsPartOfDim(C, First, Ctx)) {
+      R = unknownLike(Self);
+      R.Contig = TensorFact::No; // dim 0 (size > 1) keeps its stride over the rest
+      R.Assumed = true;
+      R.AssumedSource = Self.AssumedSource;
+      derived(R, Self, C);
+    } else if (D != 0 || Step != 1 || Self.Contig != TensorFact::Yes) {
       R = unknownLike(Self);
     } else {
       R.Src = nullptr;
@@ -864,7 +888,10 @@ TensorFact LayoutAnalysis::Impl::expandOp(const OpCall &C) {
       continue;
     }
     const Mono &Have = InSz[I - Lead];
-    if (Want.isConst(-1) || ST.eq(Want, Have) == Cmp::EQ) {
+    // A size other than 1 must already be the target's (else expand
+    // throws): a run-time size is taken as > 1, so as kept.
+    bool Keeps = Want.isConst(-1) || ST.eq(Want, Have) == Cmp::EQ || !Have.isConst();
+    if (Keeps) {
       Sz[I] = Have;
       St[I] = InSt[I - Lead];
     } else if (Have.isConst(1)) {
@@ -1001,8 +1028,11 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
                  : Self.Device == TensorFact::AnyDevice ? Unsure
                  : Self.Device == T.Device              ? Keeps
                                                         : Changes;
+  // `actions.to(kFloat)`: integer data by its name, float32 only by default.
+  bool IntegerInput = Self.DTypeAssumed && Self.IntegerNamed && isFloatingDType(T.DType.Name);
   auto DTypePart = !T.DType.Size                ? Keeps
                    : Self.DType.empty()         ? Unsure
+                   : IntegerInput               ? Changes
                    : Self.DType == T.DType.Name ? Keeps
                                                 : Changes;
   if (Recording) {
@@ -1063,11 +1093,39 @@ std::optional<Shape> LayoutAnalysis::Impl::broadcast(const Shape &A, const Shape
   return R;
 }
 
+// A batched matmul with one operand of unknown rank (a cache's keys, a
+// parameter): taken as of the known one's rank, as attention's operands
+// are, so the result is [batch..., A's rows, B's columns].
+std::optional<Shape> LayoutAnalysis::Impl::batchedLikeKnown(const OpCall &C,
+                                                            const std::optional<Shape> &A,
+                                                            const std::optional<Shape> &B) {
+  if (A.has_value() == B.has_value())
+    return std::nullopt;
+  const Shape &K = A ? *A : *B;
+  if (K.size() < 3)
+    return std::nullopt;
+  Shape R(K.begin(), K.end() - 2);
+  R.push_back(A ? K[K.size() - 2] : ST.sym(C.Call, K.size() - 2));
+  R.push_back(B ? K.back() : ST.sym(C.Call, K.size() - 1));
+  return R;
+}
+
 TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
   TensorFact R = freshContiguous(C.Call);
   inheritKind(R, C.Self);
   resultDType(C, R);
   TensorFact O = C.arg(0) ? evalTensor(C.arg(0), C.S) : unknownFact();
+  // Operands on two devices: the op throws (device-mismatch says so once);
+  // what follows is not judged on a device it never gets.
+  if (O.Device != TensorFact::AnyDevice && C.Self.Device != TensorFact::AnyDevice &&
+      O.Device != C.Self.Device)
+    R.Device = TensorFact::AnyDevice;
+  if (auto Sz = batchedLikeKnown(C, C.Self.Sizes, O.Sizes))
+    setContiguous(R, *Sz);
+  else if (C.Name == "mm" && (!C.Self.Sizes || !O.Sizes)) // always [n, m]
+    setContiguous(R, {C.Self.Sizes && C.Self.Sizes->size() == 2 ? C.Self.Sizes->front()
+                                                                   : ST.sym(C.Call, 0),
+                      O.Sizes && O.Sizes->size() == 2 ? O.Sizes->back() : ST.sym(C.Call, 1)});
   if (!C.Self.Sizes || !O.Sizes || C.Self.Sizes->size() < 2 || O.Sizes->size() < 2)
     return R;
   const Shape &A = *C.Self.Sizes, &B = *O.Sizes;
@@ -1125,10 +1183,6 @@ TensorFact LayoutAnalysis::Impl::mixedLayout(const TensorFact &Self, const Tenso
     U.AssumedSource = Self.AssumedSource;
   }
   return U;
-}
-
-static bool isFloatingDType(llvm::StringRef N) {
-  return llvm::is_contained({"Float", "Double", "Half", "BFloat16"}, N);
 }
 
 // A floating-point number passed as a Scalar (`x * 0.5`, `x.add(t, 0.1)`).

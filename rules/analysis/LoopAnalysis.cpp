@@ -455,10 +455,8 @@ bool LoopAnalysis::isFreshValue(const Expr *E, unsigned Depth) const {
 }
 
 bool LoopAnalysis::isFreshLocal(const VarDecl *V, unsigned Depth) const {
-  const auto *Fn = V ? dyn_cast_or_null<FunctionDecl>(V->getParentFunctionOrMethod()) : nullptr;
-  return Fn && Fn->getBody() && V->isLocalVarDecl() && !V->isStaticLocal() &&
-         !V->getType()->isReferenceType() && V->getInit() && isFreshValue(V->getInit(), Depth) &&
-         neverAssigned(V, Fn->getBody());
+  const Expr *Init = Fixed.initializerOf(V);
+  return Init && isFreshValue(Init, Depth);
 }
 
 bool LoopAnalysis::isDeclaredIn(const VarDecl *V, const Stmt *Loop) const {

@@ -5,6 +5,7 @@
 // in an iteration escapes it. Conservative: when unsure, "varies"/"escapes".
 #pragma once
 
+#include "analysis/AstHelpers.h"
 #include "analysis/TensorModel.h"
 
 #include "clang/AST/ASTContext.h"
@@ -130,6 +131,7 @@ private:
   bool pinned(const VarDecl *V) const;
   mutable llvm::DenseMap<const FunctionDecl *, bool> FreshReturns; // returnsFresh, per function
   mutable llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, bool> KeptParams; // bodyKeepsParam
+  mutable FixedLocals Fixed; // isFreshLocal's locals, in any function it reads
   llvm::DenseMap<const Stmt *, std::unique_ptr<LoopFacts>> Loops;
 };
 

@@ -158,6 +158,14 @@ bool TensorModel::isTensorStructField(const ValueDecl *D) const {
   return F && isTensorType(F->getType()) && isPlainStruct(dyn_cast<CXXRecordDecl>(F->getParent()));
 }
 
+bool TensorModel::isTensorBundle(QualType T) const {
+  if (isTensorType(T) || isTensorStruct(T))
+    return true;
+  const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(T->getAsCXXRecordDecl());
+  return TS && TS->isInStdNamespace() && TS->getIdentifier() &&
+         llvm::is_contained({"pair", "tuple"}, TS->getName()) && mayHoldTensors(T);
+}
+
 bool TensorModel::mayHoldTensors(QualType T, unsigned Depth) const {
   T = T.getNonReferenceType();
   if (T->isPointerType())

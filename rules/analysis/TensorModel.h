@@ -60,6 +60,9 @@ public:
   bool isTensorStruct(QualType T) const;
   // A tensor field of such a struct.
   bool isTensorStructField(const ValueDecl *D) const;
+  // What carries a computation's tensors out by value: a tensor, such a
+  // struct, or a std::pair or std::tuple holding tensors.
+  bool isTensorBundle(QualType T) const;
 
   // Methods that read only metadata (shape, dtype, device, flags), never data.
   static bool isMetadataMethod(llvm::StringRef Name);

@@ -202,3 +202,27 @@ void normaliseBatches(torch::nn::Linear &model) {
     std::cout << batch.data.mean() << "\n";
   }
 }
+
+// Twelfth session: integer data by name, and columns past the first.
+// Visit counts are int64: to(kFloat) copies them.
+Tensor countsToFloat(const Tensor &child_visits) {
+  auto visits = child_visits.to(torch::kFloat);
+  visits.div_(visits.sum());
+  return visits + child_visits;
+}
+
+// Columns 2..5 of every row are not contiguous: contiguous() copies them.
+Tensor columnsCopied(const Tensor &labels, int64_t img) {
+  auto boxes = labels.narrow(1, 2, 4).contiguous();
+  boxes.mul_(static_cast<double>(img));
+  return boxes + labels;
+}
+
+// The first four columns may be all of them: contiguous() may return labels.
+Tensor leadingColumns(const Tensor &labels) {
+  auto boxes = labels.narrow(1, 0, 4).contiguous();
+  boxes.mul_(2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'mul_' on 'boxes' may also change 'labels': 'contiguous' returns its input, not a copy, when it can [tensor-alias-then-mutate]
+  // CHECK-FIXES: {{^}}  boxes = boxes.mul(2);{{$}}
+  return boxes + labels;
+}

@@ -104,3 +104,9 @@ void quantiseRois(const torch::Tensor &rois, const torch::Tensor &text, double s
   auto padded = torch::zeros({k, 8}, torch::kLong);
   padded.narrow(1, 0, 4).copy_(text);
 }
+
+// A prompt holds token ids, int64 like the output buffer.
+void promptIds(const Tensor &prompt, int64_t total) {
+  auto out = torch::zeros({1, total}, torch::kLong);
+  out.narrow(1, 0, prompt.size(1)).copy_(prompt);
+}

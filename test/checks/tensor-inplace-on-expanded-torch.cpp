@@ -108,3 +108,13 @@ Tensor sameShape(const Tensor &x) {
   auto e = x.expand({-1, -1});
   return e;
 }
+
+// A move as one constant plane: the view's -1 is the batch (expand can only
+// keep it), the 1s become N x N.
+Tensor actionPlane(const Tensor &state, const Tensor &action) {
+  const auto B = state.size(0), N = state.size(2);
+  auto plane = action.to(torch::kFloat).view({-1, 1, 1, 1}).expand({B, 1, N, N});
+  plane.div_(4);
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'div_' on a tensor expanded by 'expand' throws at run time: its elements along a stride-0 dimension share one memory location ('unsupported operation: more than one element of the written-to tensor refers to a single memory location. Please clone() the tensor before performing the operation.'); assuming 'expand' broadcasts a dimension to a size > 1, as nearly all do [tensor-inplace-on-expanded]
+  return torch::cat({state, plane}, 1);
+}

@@ -173,3 +173,20 @@ struct RelAttentionImpl : torch::nn::Module {
   torch::nn::GELU act{nullptr};
   torch::Tensor pos_bias;
 };
+
+// Attention with an optional cache: v's rank is unknown on one path, and the
+// batched matmul is taken as of q's rank, so y is [B, H, T, D].
+struct KvCache {
+  torch::Tensor k, v;
+  int64_t len = 0;
+};
+torch::Tensor mergeHeadsCached(const torch::Tensor &x, KvCache *cache, int64_t H, int64_t D) {
+  const auto B = x.size(0), T = x.size(1), C = x.size(2);
+  auto q = x.view({B, T, H, D}).transpose(1, 2);
+  auto v = x.view({B, T, H, D}).transpose(1, 2);
+  if (cache)
+    v = cache->v.narrow(2, 0, cache->len);
+  auto y = torch::softmax(q.matmul(q.transpose(-2, -1)), -1).matmul(v);
+  return y.transpose(1, 2).reshape({B, T, C});
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1; make the copy explicit with '.contiguous().view(...)' [tensor-reshape-non-contiguous]
+}

@@ -157,3 +157,12 @@ torch::Tensor fromCall(torch::nn::Linear &lin, const torch::Tensor &x) {
   y.sub_(y.mean());
   return y;
 }
+
+// A chain of in-place ops on the copy: its first is what the clone feeds.
+// No fix-it: the rest of the chain stays on the copy.
+torch::Tensor normalizedChain(const torch::Tensor &obs, const torch::Tensor &mean) {
+  auto x = obs.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'clone' copies 'obs', then 'sub_' rewrites the copy in place at once: two passes over the data where the out-of-place op makes the same tensor in one; use 'obs.sub(mean)' [tensor-unnecessary-clone]
+  x.sub_(mean).div_(2).clamp_(-5.0, 5.0);
+  return x;
+}

@@ -210,3 +210,12 @@ struct TemporalConvImpl : torch::nn::Module {
   torch::nn::Conv1d tconv{nullptr};
   torch::nn::MaxPool2d pool{nullptr};
 };
+
+// mm's result is [n, m] whatever its operands: its transpose cannot be flattened.
+torch::Tensor transformedPoints(const torch::Tensor &R, const torch::Tensor &pts,
+                                const torch::Tensor &t) {
+  auto world = (R.mm(pts.t()) + t.unsqueeze(1)).t();
+  return world.view({-1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:16: error: 'view' on the non-contiguous result of 't' throws at run time unless the dimensions it merges have size 1 ('view size is not compatible with input tensor's size and stride'); make the copy explicit with '.contiguous().view(...)' or use 'reshape' [tensor-view-non-contiguous]
+  // CHECK-FIXES: {{^}}  return world.contiguous().view({-1});{{$}}
+}

@@ -18,7 +18,7 @@ struct MaskBuilder {
   torch::Tensor additive_ok(const torch::Tensor &key_pad) {
     auto B = key_pad.size(0), T = key_pad.size(1);
     auto keep = key_pad.logical_not().to(torch::kFloat);
-    auto mask = keep.unsqueeze(1).unsqueeze(2).expand({B, n_heads, T, T}).clone();
+    auto mask = keep.unsqueeze(1).unsqueeze(2).expand({B, n_heads, T, T}).clone();  // EXPECT: tensor-unnecessary-clone -- rewritten in place at once (sub_ then mul_): the expand's sub(1.0) makes the same tensor in one pass
     // FACT: m = torch.zeros(2, 5).unsqueeze(1).unsqueeze(2).expand(2, 4, 5, 5).clone(); assert not raises(lambda: m.sub_(1.0))
     mask.sub_(1.0).mul_(1e9); // LOOKALIKE: tensor-inplace-on-expanded -- cloned: memory of its own
     return mask;

@@ -34,7 +34,7 @@ torch::Tensor returns_shifted_ok(const torch::Tensor &rewards, double gamma, int
 
 torch::Tensor td_errors(const torch::Tensor &values, const torch::Tensor &rewards, double gamma) {
   auto T = rewards.size(0);
-  auto delta = rewards.clone();
+  auto delta = rewards.clone();  // EXPECT: tensor-unnecessary-clone -- rewritten in place at once: rewards.add(values.narrow(0, 1, T), gamma) makes the same tensor in one pass
   // FACT: d = torch.rand(4, 2); v = torch.rand(5, 2); assert not raises(lambda: d.add_(v.narrow(0, 1, 4), alpha=0.9).sub_(v.narrow(0, 0, 4)))
   delta.add_(values.narrow(0, 1, T), gamma).sub_(values.narrow(0, 0, T)); // LOOKALIKE: tensor-inplace-overlap -- values is another tensor
   return delta;

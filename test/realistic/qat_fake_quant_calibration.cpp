@@ -233,7 +233,7 @@ Int8Layer export_conv(const std::string &name, QConv2d &layer, double in_scale) 
 
 Int8Layer export_upsample(const std::string &name, QUpsample &layer, double in_scale) {
   auto s = layer->weight_scales();
-  auto w = layer->deconv_->weight.detach().clone();
+  auto w = layer->deconv_->weight.detach().clone();  // EXPECT: tensor-unnecessary-clone -- rewritten in place at once: weight.detach().div(...) makes the same tensor in one pass
   // FACT: c = torch.nn.ConvTranspose2d(3, 4, 2); w = c.weight.detach().clone(); w.div_(0.01).round_(); assert is_copy_of(w, c.weight)
   w.div_(s.view({1, -1, 1, 1})).round_().clamp_(-127, 127); // LOOKALIKE: tensor-inplace-on-detached -- an owned copy
   auto qbias = torch::zeros({s.size(0)}, torch::kInt);
