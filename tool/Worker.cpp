@@ -7,6 +7,9 @@
 #include "clang/Frontend/FrontendActions.h"
 #include "clang/Frontend/MultiplexConsumer.h"
 #include "clang/Lex/PreprocessorOptions.h"
+#include "clang/Sema/ExternalSemaSource.h"
+#include "clang/Sema/SemaConsumer.h"
+#include "clang/Serialization/ASTReader.h"
 #include "clang/Tooling/ArgumentsAdjusters.h"
 #include "clang/Tooling/Tooling.h"
 #include "llvm/Support/Regex.h"
@@ -83,6 +86,30 @@ private:
   std::string Include, Exclude;
 };
 
+/// Note [Instantiations owed by a PCH]: a PCH (the shared preamble, or one
+/// the command names) leaves to each TU the template instantiations it could
+/// not finish: the virtual members of every class template whose vtable it
+/// used, and the functions still pending. For torch/torch.h that is about
+/// two seconds of each TU, on bodies outside the traversal scope that no
+/// check reads. Drop them before the TU's end asks the reader for them; the
+/// TU's own uses still instantiate as they would.
+class SkipPchInstantiations : public SemaConsumer {
+public:
+  explicit SkipPchInstantiations(CompilerInstance &CI) : CI(CI) {}
+  void InitializeSema(Sema &) override {
+    IntrusiveRefCntPtr<ASTReader> Reader = CI.getASTReader();
+    if (!Reader)
+      return;
+    SmallVector<ExternalVTableUse, 0> VTables;
+    Reader->ReadUsedVTables(VTables);
+    SmallVector<std::pair<ValueDecl *, SourceLocation>, 0> Pending;
+    Reader->ReadPendingInstantiations(Pending);
+  }
+
+private:
+  CompilerInstance &CI;
+};
+
 /// Every file the source manager read, with a hash of its contents.
 void recordDeps(SourceManager &SM, FileDeps &Deps) {
   for (auto It = SM.fileinfo_begin(), End = SM.fileinfo_end(); It != End; ++It) {
@@ -138,6 +165,7 @@ private:
                                                    StringRef File) override {
       std::unique_ptr<ASTConsumer> Tidy = Factory->createASTConsumer(Compiler, File);
       std::vector<std::unique_ptr<ASTConsumer>> Consumers;
+      Consumers.push_back(std::make_unique<SkipPchInstantiations>(Compiler));
       Consumers.push_back(std::make_unique<MainFileScope>(Options));
       Consumers.push_back(std::move(Tidy));
       return std::make_unique<MultiplexConsumer>(std::move(Consumers));
