@@ -280,13 +280,11 @@ bool neverAssigned(const VarDecl *V, const Stmt *Body) {
 }
 
 bool namesIntegerData(llvm::StringRef Name) {
-  std::string L = Name.lower();
-  for (StringRef W : {"idx", "index", "indices", "label", "target", "token", "ids", "mask",
-                      "action", "count", "class", "len", "pos", "step", "seed", "text", "symbol",
-                      "visit", "prompt"})
-    if (StringRef(L).contains(W))
-      return true;
-  return false;
+  // On the layout dataflow's path for every assumed input: no allocation.
+  static constexpr StringRef Words[] = {
+      "idx",  "index", "indices", "label", "target", "token", "ids",    "mask",  "action", "count",
+      "class", "len",  "pos",     "step",  "seed",   "text",  "symbol", "visit", "prompt"};
+  return llvm::any_of(Words, [&](StringRef W) { return Name.contains_insensitive(W); });
 }
 
 const Expr *FixedLocals::initializerOf(const VarDecl *V) {

@@ -233,6 +233,7 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
     R.Contig = A.Contig;
   R.Assumed = A.Assumed || B.Assumed;
   R.DTypeAssumed = A.DTypeAssumed || B.DTypeAssumed;
+  R.IntegerNamed = A.IntegerNamed && B.IntegerNamed;
   R.DeviceAssumed = A.DeviceAssumed || B.DeviceAssumed;
   R.AssumedSource = A.AssumedSource.empty() ? B.AssumedSource : A.AssumedSource;
   R.KindSource = A.KindSource.empty() ? B.KindSource : A.KindSource;

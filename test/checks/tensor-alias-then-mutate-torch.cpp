@@ -211,6 +211,14 @@ Tensor countsToFloat(const Tensor &child_visits) {
   return visits + child_visits;
 }
 
+// Either path holds integer data by name, so the join does too: to(kFloat) copies.
+Tensor chosenToFloat(bool greedy, const Tensor &actions, const Tensor &sampled_actions) {
+  auto chosen = greedy ? actions : sampled_actions;
+  auto scaled = chosen.to(torch::kFloat);
+  scaled.div_(2);
+  return scaled + chosen;
+}
+
 // Columns 2..5 of every row are not contiguous: contiguous() copies them.
 Tensor columnsCopied(const Tensor &labels, int64_t img) {
   auto boxes = labels.narrow(1, 2, 4).contiguous();
