@@ -82,18 +82,23 @@ bool isParameterFreeModule(QualType T) {
   return false;
 }
 
+bool isTrue(const Expr *E, ASTContext &Ctx) {
+  bool V = true;
+  return !E || isa<CXXDefaultArgExpr>(E) || !E->EvaluateAsBooleanCondition(V, Ctx) || V;
+}
+
+// `register_parameter(name, t[, requires_grad])`, requires_grad not known to be false.
+bool isTrainableRegistration(const CallExpr *C, ASTContext &Ctx) {
+  const FunctionDecl *F = C->getDirectCallee();
+  return F && F->getIdentifier() && F->getName() == "register_parameter" &&
+         (C->getNumArgs() < 3 || isTrue(C->getArg(2), Ctx));
+}
+
 // `W = register_parameter(...)` / `W(register_parameter(...))` somewhere in W's class.
-bool containsCallNamed(const Stmt *S, llvm::StringRef Name) {
-  if (!S)
-    return false;
-  if (const auto *C = dyn_cast<CallExpr>(S))
-    if (const FunctionDecl *F = C->getDirectCallee())
-      if (F->getIdentifier() && F->getName() == Name)
-        return true;
-  for (const Stmt *Child : S->children())
-    if (containsCallNamed(Child, Name))
-      return true;
-  return false;
+bool registersTrainable(const Stmt *S, ASTContext &Ctx) {
+  if (const auto *C = dyn_cast_or_null<CallExpr>(S); C && isTrainableRegistration(C, Ctx))
+    return true;
+  return S && llvm::any_of(S->children(), [&](const Stmt *C) { return registersTrainable(C, Ctx); });
 }
 
 bool assignsFromRegister(const Stmt *S, const FieldDecl *F) {
@@ -102,7 +107,7 @@ bool assignsFromRegister(const Stmt *S, const FieldDecl *F) {
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S))
     if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
       if (const auto *ME = dyn_cast<MemberExpr>(OC->getArg(0)->IgnoreParenImpCasts()))
-        if (ME->getMemberDecl() == F && containsCallNamed(OC->getArg(1), "register_parameter"))
+        if (ME->getMemberDecl() == F && registersTrainable(OC->getArg(1), F->getASTContext()))
           return true;
   for (const Stmt *Child : S->children())
     if (assignsFromRegister(Child, F))
@@ -119,7 +124,7 @@ bool isRegisteredParameter(const FieldDecl *F) {
     if (const auto *Def = dyn_cast_or_null<CXXMethodDecl>(M->getDefinition())) {
       if (const auto *C = dyn_cast<CXXConstructorDecl>(Def))
         for (const CXXCtorInitializer *I : C->inits())
-          R |= I->getMember() == F && containsCallNamed(I->getInit(), "register_parameter");
+          R |= I->getMember() == F && registersTrainable(I->getInit(), F->getASTContext());
       R = R || assignsFromRegister(Def->getBody(), F);
     }
   return R;
@@ -175,10 +180,6 @@ bool runsALayer(const Stmt *S) {
   return llvm::any_of(S->children(), [](const Stmt *C) { return runsALayer(C); });
 }
 
-bool isTrue(const Expr *E, ASTContext &Ctx) {
-  bool V = true;
-  return !E || isa<CXXDefaultArgExpr>(E) || !E->EvaluateAsBooleanCondition(V, Ctx) || V;
-}
 } // namespace
 
 bool isUserLayerMethod(const CXXMemberCallExpr *Call) {
@@ -186,6 +187,18 @@ bool isUserLayerMethod(const CXXMemberCallExpr *Call) {
   const FunctionDecl *Def = nullptr;
   return M && isModuleRecord(M->getParent()) && !isTensorLibraryCode(M) && M->hasBody(Def) &&
          runsALayer(Def->getBody());
+}
+
+// The method returns only under a NoGradGuard of its own (`encode_codes` for a prior's data).
+bool returnsUnderNoGrad(const CXXMemberCallExpr *Call) {
+  const FunctionDecl *Def = nullptr;
+  if (!Call->getMethodDecl()->hasBody(Def))
+    return false;
+  llvm::SmallVector<const ReturnStmt *, 4> Returns;
+  collectReturns(Def->getBody(), Returns);
+  return !Returns.empty() && llvm::all_of(Returns, [&](const ReturnStmt *R) {
+    return isUnderNoGrad(R, Def->getBody());
+  });
 }
 
 const Expr *passedTensor(const Expr *E, const TensorModel &Model) {
@@ -367,7 +380,9 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
                : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
   // `decode(z)`, or `observe(obs)` returning a struct of tensors (`out.kl`).
   if ((Model.isTensorExpr(Call) || Model.isTensorStruct(Call->getType())) && isUserLayerMethod(Call))
-    return {G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
+    return {G.gradEnabledAt(Call) && !returnsUnderNoGrad(Call) ? GradKind::NonLeaf
+                                                                : GradKind::NoGrad,
+            Call};
   // Element access on a container of parameters: begin(), value(), at()...
   return eval(Obj, St);
 }
@@ -377,7 +392,8 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
     return eval(Call->getArg(0), St);
   const FunctionDecl *FD = Call->getDirectCallee();
   if (FD && FD->getIdentifier() && FD->getName() == "register_parameter")
-    return {GradKind::Leaf, Call};
+    return isTrainableRegistration(Call, Ctx) ? GradFact{GradKind::Leaf, Call}
+                                              : GradFact{GradKind::NoGrad, nullptr};
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
       MC && FD && FD->getIdentifier() && Model.isTensorExpr(MC->getImplicitObjectArgument()) &&
       (FD->getName() == "requires_grad_" || FD->getName() == "set_requires_grad"))

@@ -346,6 +346,12 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
       return unknownFact();
     const ValueDecl *Field = ME->getMemberDecl();
     TensorFact F = assumedInput(E, "member '" + Field->getNameAsString() + "'", Field->getName());
+    if (const auto *FD = dyn_cast<FieldDecl>(Field))
+      if (DTypeName DT = assertedFieldDType(FD); DT.Size) {
+        F.DType = DT.Name;
+        F.ElemSize = DT.Size;
+        F.DTypeAssumed = false;
+      }
     // A member of this object is one storage wherever it is named.
     if (isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
       F.Src = F.Root = Field;
@@ -959,6 +965,48 @@ bool LayoutAnalysis::Impl::isAsserted(const Expr *E) const {
     Cur = P;
   }
   return false;
+}
+
+// `this->f`'s dtype, where S asserts `f.scalar_type() == kX` (or `dtype()`).
+DTypeName LayoutAnalysis::Impl::assertedDTypeIn(const Stmt *S, const FieldDecl *F) const {
+  if (!S || isa<LambdaExpr>(S))
+    return {};
+  if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->getOpcode() == BO_EQ)
+    for (auto [Q, D] : {std::pair(BO->getLHS(), BO->getRHS()), std::pair(BO->getRHS(), BO->getLHS())}) {
+      const auto *MC = dyn_cast<CXXMemberCallExpr>(Q->IgnoreParenImpCasts());
+      const auto *ME = MC ? dyn_cast<MemberExpr>(MC->getImplicitObjectArgument()->IgnoreParenImpCasts())
+                          : nullptr;
+      const CXXMethodDecl *M = MC ? MC->getMethodDecl() : nullptr;
+      if (ME && ME->getMemberDecl() == F && isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()) &&
+          M && M->getIdentifier() && llvm::is_contained({"scalar_type", "dtype"}, M->getName()))
+        if (DTypeName DT = dtypeIn(D); DT.Size && isAsserted(BO))
+          return DT;
+    }
+  for (const Stmt *C : S->children())
+    if (DTypeName DT = assertedDTypeIn(C, F); DT.Size)
+      return DT;
+  return {};
+}
+
+// A dtype every constructor of F's class asserts for F: the class's invariant
+// (`TORCH_CHECK(images_.scalar_type() == torch::kByte)` in a dataset's).
+DTypeName LayoutAnalysis::Impl::assertedFieldDType(const FieldDecl *F) {
+  if (auto It = FieldDTypes.find(F); It != FieldDTypes.end())
+    return It->second;
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  if (!RD || RD->ctors().empty())
+    return FieldDTypes[F] = DTypeName();
+  DTypeName Found;
+  bool All = true;
+  for (const CXXConstructorDecl *C : RD->ctors()) {
+    if (C->isCopyOrMoveConstructor() && C->isImplicit())
+      continue; // a copy keeps the invariant
+    const FunctionDecl *Def = nullptr;
+    DTypeName DT = C->hasBody(Def) ? assertedDTypeIn(Def->getBody(), F) : DTypeName();
+    All = All && DT.Size && (!Found.Size || DT.Name == Found.Name);
+    Found = DT;
+  }
+  return FieldDTypes[F] = All ? Found : DTypeName();
 }
 
 // Facts an assertion establishes: the dtype of `x.scalar_type() == kX`,

@@ -95,6 +95,7 @@ public:
   std::optional<TensorFact> Returned;
   DeviceFacts *DeviceVars = nullptr; // what device variables hold (null: run-time values)
   FixedLocals Locals; // structResultOf's and the factories' locals
+  llvm::DenseMap<const FieldDecl *, layout::DTypeName> FieldDTypes; // assertedFieldDType's
 
   const CallExpr *structResultOf(const MemberExpr *ME);
 
@@ -217,6 +218,8 @@ public:
   void prescan(const Stmt *St);
   void assignTensor(const VarDecl *V, const Expr *Init, State &S);
   bool isAsserted(const Expr *E) const;
+  layout::DTypeName assertedFieldDType(const FieldDecl *F);
+  layout::DTypeName assertedDTypeIn(const Stmt *S, const FieldDecl *F) const;
   void assertionFacts(const Expr *E, State &S);
   void transferCall(const CallExpr *Call, State &S);
   void forgetWrittenArgs(const CallExpr *Call, State &S);

@@ -219,6 +219,32 @@ Tensor chosenToFloat(bool greedy, const Tensor &actions, const Tensor &sampled_a
   return scaled + chosen;
 }
 
+// A dtype every constructor asserts is the class's invariant for that member:
+// uint8 pixels convert by copy; float32 ones are returned as they are.
+struct BytePixels {
+  explicit BytePixels(Tensor images) : images_(std::move(images)) {
+    TORCH_CHECK(images_.scalar_type() == torch::kByte, "expected uint8 pixels");
+  }
+  Tensor get(int64_t i) {
+    auto x = images_[i].to(torch::kFloat);
+    x.div_(255);
+    return x;
+  }
+  Tensor images_;
+};
+struct FloatPixels {
+  explicit FloatPixels(Tensor images) : images_(std::move(images)) {
+    TORCH_CHECK(images_.dtype() == torch::kFloat, "expected float32 pixels");
+  }
+  Tensor get(int64_t i) {
+    auto x = images_[i].to(torch::kFloat);
+    x.div_(255);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'div_' on 'x' may also change 'images_'
+    return x;
+  }
+  Tensor images_;
+};
+
 // Columns 2..5 of every row are not contiguous: contiguous() copies them.
 Tensor columnsCopied(const Tensor &labels, int64_t img) {
   auto boxes = labels.narrow(1, 2, 4).contiguous();

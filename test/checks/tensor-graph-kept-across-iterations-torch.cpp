@@ -14,6 +14,11 @@ struct NetImpl : torch::nn::Module {
   }
   torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
   torch::Tensor embed(torch::Tensor x) { return fc1(x); }
+  // Runs the layers under its own guard: its result holds no graph.
+  torch::Tensor codes(torch::Tensor x) {
+    torch::NoGradGuard no_grad;
+    return torch::relu(fc1(x));
+  }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(Net);
@@ -146,6 +151,13 @@ double cpuFeatures(Net &net, const std::vector<torch::Tensor> &xs, const torch::
   // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: 'net->embed(x).cpu()' requires grad and is stored in 'feats'
   // CHECK-FIXES: feats.push_back(net->embed(x).cpu().detach());
   return torch::cdist(torch::cat(feats), centroids).min().item<double>();
+}
+
+double codeSpread(Net &net, const std::vector<torch::Tensor> &xs) {
+  std::vector<torch::Tensor> maps;
+  for (const auto &x : xs)
+    maps.push_back(net->codes(x).cpu());
+  return torch::cat(maps).std().item<double>();
 }
 
 double structuredBinding(Net &net, const std::vector<torch::Tensor> &xs) {

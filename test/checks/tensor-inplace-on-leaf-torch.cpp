@@ -297,3 +297,16 @@ void growBias(torch::nn::Linear &head, int64_t n) {
   w.narrow(0, 0, 2).fill_(1.0);
   // CHECK-MESSAGES: :[[@LINE-1]]:21: error: in-place 'fill_' on 'w.narrow(0, 0, 2)', a view of a leaf tensor that requires grad
 }
+
+// A parameter registered with requires_grad=false is a frozen table: writing it
+// needs no guard. One registered with requires_grad=true (said or by default) does.
+struct PosEmbed : torch::nn::Module {
+  PosEmbed(int64_t len, int64_t dim) {
+    table = register_parameter("table", torch::zeros({len, dim}), /*requires_grad=*/false);
+    token = register_parameter("token", torch::zeros({1, dim}), /*requires_grad=*/true);
+    table.copy_(torch::randn({len, dim}));
+    token.normal_(0.0, 0.02);
+    // CHECK-MESSAGES: :[[@LINE-1]]:11: error: in-place 'normal_' on 'token', a leaf tensor that requires grad
+  }
+  Tensor table, token;
+};
