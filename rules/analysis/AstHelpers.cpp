@@ -220,6 +220,12 @@ bool isTensorLibraryCode(const Decl *D) {
 
 bool isTensorApi(const FunctionDecl *FD) { return isInNamespace(FD, {"tt", "at", "torch"}); }
 
+bool isOptionsSetter(const FunctionDecl *FD) {
+  const auto *MD = dyn_cast_or_null<CXXMethodDecl>(FD);
+  const CXXRecordDecl *RD = MD ? MD->getParent() : nullptr;
+  return RD && RD->getIdentifier() && RD->getName().ends_with("Options") && isTensorApi(FD);
+}
+
 const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx) {
   DynTypedNodeList Parents = Ctx.getParents(*S);
   while (!Parents.empty()) {

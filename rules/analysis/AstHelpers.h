@@ -78,6 +78,9 @@ const FunctionDecl *readableCallee(const FunctionDecl *FD);
 /// An op of the tensor libraries' API (namespaces tt, at, torch), whose
 /// semantics the op table gives by name.
 bool isTensorApi(const FunctionDecl *FD);
+/// A setter of a torch options struct (TORCH_ARG: `CrossEntropyFuncOptions().weight(w)`): it
+/// keeps the handle it is given and reads the data only when the options are used.
+bool isOptionsSetter(const FunctionDecl *FD);
 
 /// The op of the table a tensor operator stands for: `a + b` is add, `a > b`
 /// gt, `a += b` add_, `m | n` bitwise_or; "" for other operators.

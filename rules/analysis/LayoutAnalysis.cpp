@@ -260,8 +260,12 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
     R.BroadcastAssumed = A.BroadcastAssumed || B.BroadcastAssumed;
     R.ExpandCall = A.ExpandCall;
   }
+  // A whole view keeps its storage where the paths disagree only on sizes (a
+  // run-time size named afresh on a loop's back edge); a slice needs both.
+  bool SameLayout = (A.Sizes == B.Sizes && A.Strides == B.Strides) ||
+                    (A.SliceDim < 0 && A.Contig == B.Contig && A.Contig != TensorFact::Unknown);
   if (A.Root == B.Root && A.SliceDim == B.SliceDim && A.Lo == B.Lo && A.Hi == B.Hi &&
-      A.SwapA == B.SwapA && A.SwapB == B.SwapB && A.Sizes == B.Sizes && A.Strides == B.Strides) {
+      A.SwapA == B.SwapA && A.SwapB == B.SwapB && SameLayout) {
     R.Root = A.Root;
     R.SliceDim = A.SliceDim;
     R.Lo = A.Lo;

@@ -561,7 +561,9 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
         if (I - Shift < Callee->getNumParams())
           PT = Callee->getParamDecl(I - Shift)->getType();
         bool W = false;
-        if (!PT.isNull() && (PT->isPointerType() || PT->isReferenceType()))
+        // An options setter's `T&&` (`.weight(w.to(dev))`) takes the handle over.
+        bool Moved = isOptionsSetter(Callee);
+        if (!PT.isNull() && !Moved && (PT->isPointerType() || PT->isReferenceType()))
           W = !PT->getPointeeType().isConstQualified() || PT->isRValueReferenceType();
         if (Model.isTensorExpr(A) && !Lib && mayWriteArg(Callee, I - Shift))
           W = true;
@@ -1054,6 +1056,8 @@ bool LoopAnalysis::useAsArgument(const CallExpr *C, const FunctionDecl *Callee, 
     unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
     if (I >= Shift && I - Shift < Callee->getNumParams()) {
       QualType PT = Callee->getParamDecl(I - Shift)->getType();
+      if (isOptionsSetter(Callee)) // takes the handle over; the options only read it
+        continue;
       if (PT->isRValueReferenceType())
         U.Escapes = true;
       if (PT->isReferenceType() && !PT->getPointeeType().isConstQualified())

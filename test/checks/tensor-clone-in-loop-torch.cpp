@@ -224,3 +224,21 @@ void accumulate(const torch::Tensor &x, int n) {
     acc.add_(x.sum());
   }
 }
+
+// An options setter keeps the handle it is given (TORCH_ARG's `T&&` overload):
+// the class weights are read, not written, and go to the device every step.
+void weightedSteps(torch::nn::Linear &model, const std::vector<torch::Tensor> &xs,
+                   const std::vector<torch::Tensor> &ys, const torch::Tensor &counts,
+                   torch::Device device) {
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  auto class_w = counts.sum() / counts.clamp_min(1.0);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    auto loss = torch::nn::functional::cross_entropy(
+        model->forward(xs[i].to(device)), ys[i].to(device),
+        torch::nn::functional::CrossEntropyFuncOptions().weight(class_w.to(device)));
+    // CHECK-MESSAGES: :[[@LINE-1]]:73: warning: 'to' of loop-invariant 'class_w' copies it to another device again on every iteration
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+}

@@ -56,6 +56,20 @@ void windowSlide(const Tensor &cache, int64_t L) {
   // CHECK-MESSAGES: :[[@LINE-1]]:29: warning: in-place 'copy_' reads a tensor that partially overlaps the one it writes (overlapping slices along dimension 2): PyTorch cannot detect it and the result depends on the order in which elements are written
 }
 
+// N is the largest of the graphs' sizes, a value the loops name afresh: the
+// buffer is still one storage when a later loop joins its paths.
+Tensor symmetrize(const std::vector<Tensor> &atoms, int64_t B, int64_t min_nodes) {
+  int64_t N = min_nodes;
+  for (const auto &a : atoms)
+    N = std::max(N, a.size(0));
+  auto adj = torch::zeros({B, N, N});
+  for (int64_t b = 0; b < B; ++b)
+    adj[b].diagonal().fill_(1.0);
+  adj.add_(adj.transpose(1, 2));
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: error: in-place 'add_' reads a tensor that partially overlaps
+  return adj;
+}
+
 // ===== negatives ============================================================
 
 void full(Tensor &x) {
