@@ -137,9 +137,59 @@ bool selectedByFilter(const FileDeps &Deps, const clang::tidy::ClangTidyOptions 
 
 } // namespace
 
-std::vector<std::string> leadingIncludes(StringRef Source) {
+namespace {
+
+/// The text after `#keyword` when L is that directive.
+std::optional<StringRef> directive(StringRef L, StringRef Keyword) {
+  if (!L.consume_front("#"))
+    return std::nullopt;
+  L = L.ltrim();
+  if (!L.consume_front(Keyword) || (!L.empty() && !llvm::isSpace(L.front())))
+    return std::nullopt;
+  return L.trim();
+}
+
+/// `#include "name"` when the line is exactly that: the name.
+std::optional<StringRef> quotedInclude(StringRef L) {
+  std::optional<StringRef> Arg = directive(L, "include");
+  if (!Arg || !Arg->consume_front("\"") || !Arg->consume_back("\"") || Arg->empty() ||
+      Arg->contains('"'))
+    return std::nullopt;
+  return Arg;
+}
+
+/// A header's include guard: `#pragma once`, or `#ifndef G` then `#define G`.
+class GuardLines {
+public:
+  bool take(StringRef L) {
+    if (directive(L, "pragma") == StringRef("once"))
+      return true;
+    if (std::optional<StringRef> G = directive(L, "ifndef"); G && Guard.empty() && isName(*G)) {
+      Guard = *G;
+      return true;
+    }
+    if (std::optional<StringRef> G = directive(L, "define"); G && !Defined && G == Guard) {
+      Defined = true;
+      return true;
+    }
+    return false;
+  }
+
+private:
+  static bool isName(StringRef S) {
+    return !S.empty() && llvm::all_of(S, [](char C) { return llvm::isAlnum(C) || C == '_'; });
+  }
+  StringRef Guard;
+  bool Defined = false;
+};
+
+/// The leading `#include <...>` lines of Source (past comments, blank lines
+/// and, in a header, its guard); Stop is the line that ended them, if any.
+std::vector<std::string> scanLeading(StringRef Source, bool Header, StringRef &Stop) {
   std::vector<std::string> Out;
   bool InComment = false;
+  GuardLines Guard;
+  Stop = "";
   while (!Source.empty()) {
     auto [Line, Rest] = Source.split('\n');
     Source = Rest;
@@ -154,20 +204,43 @@ std::vector<std::string> leadingIncludes(StringRef Source) {
         break;
       continue;
     }
-    if (L.empty() || L.starts_with("//"))
+    if (L.empty() || L.starts_with("//") || (Header && Out.empty() && Guard.take(L)))
       continue;
     std::optional<std::string> Include = angledInclude(L);
-    if (!Include)
+    if (!Include) {
+      Stop = L;
       break;
+    }
     Out.push_back(std::move(*Include));
   }
   return Out;
 }
 
+} // namespace
+
+std::vector<std::string> leadingIncludesOf(StringRef File) {
+  std::string Path = File.str();
+  for (int Depth = 0; Depth < 4; ++Depth) {
+    std::string Text = readFile(Path);
+    StringRef Stop;
+    std::vector<std::string> Out = scanLeading(Text, Depth > 0, Stop);
+    std::optional<StringRef> Quoted = Out.empty() ? quotedInclude(Stop) : std::nullopt;
+    if (!Quoted)
+      return Out;
+    // Found beside the including file, as the compiler looks first.
+    llvm::SmallString<256> Next(llvm::sys::path::parent_path(Path));
+    llvm::sys::path::append(Next, *Quoted);
+    if (!llvm::sys::fs::is_regular_file(Next))
+      return {};
+    Path = std::string(Next);
+  }
+  return {};
+}
+
 std::string preambleGroupKey(const PreambleInput &In) {
   if (In.Commands.size() != 1)
     return "";
-  std::vector<std::string> Includes = leadingIncludes(readFile(In.File));
+  std::vector<std::string> Includes = leadingIncludesOf(In.File);
   return Includes.empty() ? "" : compatibilityKey(In) + Includes.front();
 }
 
@@ -201,7 +274,7 @@ std::vector<PreambleGroup> planPreambles(llvm::ArrayRef<PreambleInput> Inputs, S
     std::string Key = preambleGroupKey(Inputs[I]);
     if (Key.empty())
       continue;
-    Includes[I] = leadingIncludes(readFile(Inputs[I].File));
+    Includes[I] = leadingIncludesOf(Inputs[I].File);
     auto [It, New] = ByKey.try_emplace(Key);
     if (New)
       KeyOrder.push_back(Key);

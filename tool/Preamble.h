@@ -44,9 +44,12 @@ struct PreambleGroup {
   bool Reused = false;
 };
 
-/// The leading `#include <...>` lines of a source file, past comments and
-/// blank lines, up to the first line of anything else.
-std::vector<std::string> leadingIncludes(llvm::StringRef Source);
+/// The `#include <...>` lines a TU reads first: its own leading ones (past
+/// comments and blank lines, up to the first line of anything else), or, when
+/// it starts with `#include "h"`, those h starts with past its include guard
+/// (h found beside the including file; three levels at most). A PCH of them,
+/// included ahead of the TU, is what its first line would have read first.
+std::vector<std::string> leadingIncludesOf(llvm::StringRef File);
 
 /// The group a TU's preamble would be shared in: its compatibility (tool,
 /// configuration, command but for its own files) and first leading include;

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""mkpch.py <dir> <runtime-include>: a fresh copy of Inputs/pch at <dir> with
-its compile_commands.json pointing there and at the runtime's headers."""
+"""mkpch.py <dir> <runtime-include> [fixture]: a fresh copy of Inputs/<fixture>
+(default: pch) at <dir> with its compile_commands.json pointing there and at
+the runtime's headers."""
 import os
 import shutil
 import sys
 
-src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pch")
+fixture = sys.argv[3] if len(sys.argv) > 3 else "pch"
+src = os.path.join(os.path.dirname(os.path.abspath(__file__)), fixture)
 dst = os.path.abspath(sys.argv[1])
 shutil.rmtree(dst, ignore_errors=True)
 shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.json.in"))
