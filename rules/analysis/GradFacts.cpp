@@ -190,7 +190,7 @@ bool isUserLayerMethod(const CXXMemberCallExpr *Call) {
 }
 
 // The method returns only under a NoGradGuard of its own (`encode_codes` for a prior's data).
-bool returnsUnderNoGrad(const CXXMemberCallExpr *Call) {
+static bool returnsUnderNoGrad(const CXXMemberCallExpr *Call) {
   const FunctionDecl *Def = nullptr;
   if (!Call->getMethodDecl()->hasBody(Def))
     return false;

@@ -956,7 +956,9 @@ bool LayoutAnalysis::Impl::isAsserted(const Expr *E) const {
   const Stmt *Cur = E;
   for (int I = 0; I < 16; ++I) {
     DynTypedNodeList Ps = Ctx.getParents(*Cur);
-    const auto *P = Ps.empty() ? nullptr : Ps[0].get<Expr>();
+    if (Ps.empty()) // outside the traversal scope: a negation could not be seen
+      return false;
+    const auto *P = Ps[0].get<Expr>();
     // The user's condition is spelled in the user's file, the macro's code
     // in its header.
     if (!P ||
