@@ -47,10 +47,7 @@ const ValueDecl *nameOf(const Expr *E) {
   E = E ? stripHandle(E) : nullptr;
   if (const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E))
     return DRE->getDecl();
-  if (const auto *ME = dyn_cast_or_null<MemberExpr>(E))
-    if (isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
-      return ME->getMemberDecl();
-  return nullptr;
+  return ownMember(E);
 }
 
 // The last statement before Use in its function, at a level that always runs

@@ -208,10 +208,7 @@ const ValueDecl *namedSource(const Expr *Src) {
     return dyn_cast<VarDecl>(D->getDecl());
   if (const auto *ME = dyn_cast<MemberExpr>(Src); ME && !ME->isArrow())
     return dyn_cast<FieldDecl>(ME->getMemberDecl());
-  if (const auto *ME = dyn_cast<MemberExpr>(Src);
-      ME && isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
-    return dyn_cast<FieldDecl>(ME->getMemberDecl());
-  return nullptr;
+  return dyn_cast_or_null<FieldDecl>(ownMember(Src));
 }
 
 Finding cloneFinding(StringRef Check, const UnnecessaryCloneCheck::CloneDecl &C, FixKind Fix,

@@ -29,6 +29,12 @@ const Expr *stripHandle(const Expr *E) {
   return E;
 }
 
+const ValueDecl *ownMember(const Expr *E) {
+  const auto *ME = E ? dyn_cast<MemberExpr>(E->IgnoreParenImpCasts()) : nullptr;
+  return ME && isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()) ? ME->getMemberDecl()
+                                                                       : nullptr;
+}
+
 bool inNamespacePath(const Decl *D, llvm::StringRef Prefix) {
   const auto *ND = dyn_cast<NamedDecl>(D);
   return ND && llvm::StringRef(ND->getQualifiedNameAsString()).starts_with(Prefix);

@@ -19,6 +19,9 @@ namespace clang::tidy::tensor {
 /// casts, parentheses, temporaries, functional casts, copy/move construction.
 const Expr *stripHandle(const Expr *E);
 
+/// The member of *this that E names (`f` or `this->f`), else null.
+const ValueDecl *ownMember(const Expr *E);
+
 /// D's qualified name starts with Prefix ("torch::nn::").
 bool inNamespacePath(const Decl *D, llvm::StringRef Prefix);
 

@@ -250,6 +250,15 @@ struct GradFacts::Impl {
   }
   // Parameters of a module the file freezes may not require grad.
   bool frozen(const Expr *Owner) const { return G.Frozen && G.Frozen->covers(Owner); }
+  // A call of a user's layer method (memoised per method: it reads the body).
+  enum class LayerMethod { No, Layer, LayerUnderNoGrad };
+  mutable llvm::DenseMap<const CXXMethodDecl *, LayerMethod> LayerMethods;
+  LayerMethod layerMethod(const CXXMemberCallExpr *Call) const {
+    auto [It, New] = LayerMethods.try_emplace(Call->getMethodDecl(), LayerMethod::No);
+    if (New && isUserLayerMethod(Call))
+      It->second = returnsUnderNoGrad(Call) ? LayerMethod::LayerUnderNoGrad : LayerMethod::Layer;
+    return It->second;
+  }
   bool parameterField(const FieldDecl *F) const {
     auto [It, New] = ParamFields.try_emplace(F, false);
     if (New)
@@ -379,10 +388,10 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
                ? combineInputs(Call, St)
                : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
   // `decode(z)`, or `observe(obs)` returning a struct of tensors (`out.kl`).
-  if ((Model.isTensorExpr(Call) || Model.isTensorStruct(Call->getType())) && isUserLayerMethod(Call))
-    return {G.gradEnabledAt(Call) && !returnsUnderNoGrad(Call) ? GradKind::NonLeaf
-                                                                : GradKind::NoGrad,
-            Call};
+  if (Model.isTensorExpr(Call) || Model.isTensorStruct(Call->getType()))
+    if (LayerMethod L = layerMethod(Call); L != LayerMethod::No)
+      return {G.gradEnabledAt(Call) && L == LayerMethod::Layer ? GradKind::NonLeaf : GradKind::NoGrad,
+              Call};
   // Element access on a container of parameters: begin(), value(), at()...
   return eval(Obj, St);
 }

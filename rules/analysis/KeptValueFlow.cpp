@@ -65,8 +65,8 @@ void refsOf(const Stmt *S, llvm::SmallVectorImpl<const ValueDecl *> &Out) {
   if (const auto *D = dyn_cast<DeclRefExpr>(S))
     Out.push_back(D->getDecl());
   if (const auto *M = dyn_cast<MemberExpr>(S))
-    if (isa<CXXThisExpr>(M->getBase()->IgnoreParenImpCasts()))
-      Out.push_back(M->getMemberDecl());
+    if (const ValueDecl *Own = ownMember(M))
+      Out.push_back(Own);
   if (const auto *L = dyn_cast<LambdaExpr>(S)) {
     for (const LambdaCapture &C : L->captures())
       if (C.capturesVariable())

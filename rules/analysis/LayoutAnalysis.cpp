@@ -928,13 +928,26 @@ void LayoutAnalysis::Impl::transfer(const Stmt *St, State &S) {
     recordReturn(RS, S);
 }
 
-// The tensor variable `x` of `x.name()` (looking through implicit nodes).
-static const VarDecl *queriedVar(const Expr *E, llvm::StringRef &Name) {
+// The object `x` of `x.name()` (looking through implicit nodes), and name.
+static const Expr *queriedObject(const Expr *E, llvm::StringRef &Name) {
   const auto *MC = dyn_cast<CXXMemberCallExpr>(E->IgnoreParenImpCasts());
   if (!MC || !MC->getMethodDecl() || !MC->getMethodDecl()->getIdentifier())
     return nullptr;
   Name = MC->getMethodDecl()->getName();
-  return varOf(MC->getImplicitObjectArgument());
+  return MC->getImplicitObjectArgument();
+}
+
+// `x.scalar_type() == kX` or `x.dtype() == kX`, either way round: x and kX.
+static std::pair<const Expr *, DTypeName> dtypeTest(const Expr *E) {
+  const auto *BO = dyn_cast<BinaryOperator>(E);
+  if (!BO || BO->getOpcode() != BO_EQ)
+    return {};
+  for (auto [Q, D] : {std::pair(BO->getLHS(), BO->getRHS()), std::pair(BO->getRHS(), BO->getLHS())}) {
+    llvm::StringRef Name;
+    if (const Expr *Obj = queriedObject(Q, Name); Obj && (Name == "scalar_type" || Name == "dtype"))
+      return {Obj, dtypeIn(D)};
+  }
+  return {};
 }
 
 // E is a condition of an assertion macro (TORCH_CHECK, TORCH_INTERNAL_ASSERT,
@@ -977,17 +990,9 @@ bool LayoutAnalysis::Impl::isAsserted(const Expr *E) const {
 DTypeName LayoutAnalysis::Impl::assertedDTypeIn(const Stmt *S, const FieldDecl *F) const {
   if (!S || isa<LambdaExpr>(S))
     return {};
-  if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->getOpcode() == BO_EQ)
-    for (auto [Q, D] : {std::pair(BO->getLHS(), BO->getRHS()), std::pair(BO->getRHS(), BO->getLHS())}) {
-      const auto *MC = dyn_cast<CXXMemberCallExpr>(Q->IgnoreParenImpCasts());
-      const auto *ME = MC ? dyn_cast<MemberExpr>(MC->getImplicitObjectArgument()->IgnoreParenImpCasts())
-                          : nullptr;
-      const CXXMethodDecl *M = MC ? MC->getMethodDecl() : nullptr;
-      if (ME && ME->getMemberDecl() == F && isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()) &&
-          M && M->getIdentifier() && llvm::is_contained({"scalar_type", "dtype"}, M->getName()))
-        if (DTypeName DT = dtypeIn(D); DT.Size && isAsserted(BO))
-          return DT;
-    }
+  if (const auto *E = dyn_cast<Expr>(S))
+    if (auto [Obj, DT] = dtypeTest(E); DT.Size && ownMember(Obj) == F && isAsserted(E))
+      return DT;
   for (const Stmt *C : S->children())
     if (DTypeName DT = assertedDTypeIn(C, F); DT.Size)
       return DT;
@@ -1019,20 +1024,10 @@ DTypeName LayoutAnalysis::Impl::assertedFieldDType(const FieldDecl *F) {
 // `x.is_contiguous()`, `x.is_cuda()`.
 void LayoutAnalysis::Impl::assertionFacts(const Expr *E, State &S) {
   llvm::StringRef Name;
-  const VarDecl *V = nullptr;
-  DTypeName DT;
-  if (const auto *BO = dyn_cast<BinaryOperator>(E); BO && BO->getOpcode() == BO_EQ) {
-    V = queriedVar(BO->getLHS(), Name);
-    DT = dtypeIn(BO->getRHS());
-    if (!V) {
-      V = queriedVar(BO->getRHS(), Name);
-      DT = dtypeIn(BO->getLHS());
-    }
-    if (Name != "scalar_type" && Name != "dtype")
-      return;
-  } else {
-    V = queriedVar(E, Name);
-  }
+  auto [Obj, DT] = dtypeTest(E);
+  if (!Obj)
+    Obj = queriedObject(E, Name);
+  const VarDecl *V = Obj ? varOf(Obj) : nullptr;
   if (!V || !Model.isTensorType(V->getType()) || Untracked.count(V) || !isAsserted(E))
     return;
   TensorFact F = evalVar(V, nullptr, S);

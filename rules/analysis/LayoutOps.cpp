@@ -128,7 +128,7 @@ static bool isFloatingDType(llvm::StringRef N) {
 //===----------------------------------------------------------------------===//
 
 // A TensorOptions (c10's, or the runtime's), by value or reference.
-static bool isOptionsType(QualType T) {
+static bool isTensorOptionsType(QualType T) {
   const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
   return RD && RD->getIdentifier() && RD->getName() == "TensorOptions";
 }
@@ -142,7 +142,7 @@ static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, Device
   // `auto opts = TensorOptions().dtype(kFloat).device(device);`, never assigned again.
   if (const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E)) {
     const auto *V = dyn_cast<VarDecl>(DRE->getDecl());
-    const Expr *Init = V && isOptionsType(V->getType()) ? Locals.initializerOf(V) : nullptr;
+    const Expr *Init = V && isTensorOptionsType(V->getType()) ? Locals.initializerOf(V) : nullptr;
     if (!Init)
       return TensorFact::AnyDevice; // `x.options()` of a tensor x: its device, not known here
     return optionsDevice(Init, Runtime, Vars, Locals);
@@ -176,7 +176,7 @@ static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args, b
       continue;
     if (TensorFact::DeviceKind D = deviceOf(A, &Runtime, Vars); D != TensorFact::AnyDevice)
       return D;
-    if (isOptionsType(A->getType()))
+    if (isTensorOptionsType(A->getType()))
       return optionsDevice(A, Runtime, Vars, Locals);
   }
   return TensorFact::CPU;

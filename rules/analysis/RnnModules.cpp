@@ -54,12 +54,12 @@ struct FlagScan {
   llvm::SmallVector<const VarDecl *, 2> OptionVars;  // local options variables used
 };
 
-bool isOptionsRecord(const CXXRecordDecl *RD) {
+bool isRnnOptionsRecord(const CXXRecordDecl *RD) {
   return RD && RD->getIdentifier() && inNamespacePath(RD, "torch::nn::") &&
          llvm::is_contained({"LSTMOptions", "GRUOptions", "RNNOptions"}, RD->getName());
 }
-bool isOptionsType(QualType T) {
-  return isOptionsRecord(T.getNonReferenceType()->getAsCXXRecordDecl());
+bool isRnnOptionsType(QualType T) {
+  return isRnnOptionsRecord(T.getNonReferenceType()->getAsCXXRecordDecl());
 }
 
 std::optional<bool> constantBool(const Expr *E, const ASTContext &Ctx) {
@@ -72,7 +72,7 @@ std::optional<bool> constantBool(const Expr *E, const ASTContext &Ctx) {
 bool isBatchFirst(const CXXMemberCallExpr *MC) {
   const CXXMethodDecl *MD = MC->getMethodDecl();
   return MD && MD->getIdentifier() && MD->getName() == "batch_first" && MC->getNumArgs() == 1 &&
-         isOptionsRecord(MD->getParent());
+         isRnnOptionsRecord(MD->getParent());
 }
 
 // The flags of `V.batch_first(v)` statements in S.
@@ -97,20 +97,20 @@ void scanSite(const Stmt *S, const ASTContext &Ctx, FlagScan &R) {
   }
   if (const auto *CE = dyn_cast<CXXConstructExpr>(S)) {
     bool FromOptions = llvm::any_of(CE->arguments(), [](const Expr *A) {
-      return isOptionsType(A->getType()) || isRnnType(A->getType());
+      return isRnnOptionsType(A->getType()) || isRnnType(A->getType());
     });
-    if ((isOptionsType(CE->getType()) || isRnnType(CE->getType())) && CE->getNumArgs() >= 2 &&
+    if ((isRnnOptionsType(CE->getType()) || isRnnType(CE->getType())) && CE->getNumArgs() >= 2 &&
         !FromOptions)
       R.Builds = true; // LSTMOptions(in, hidden), LSTM(in, hidden)
   }
-  if (const auto *DRE = dyn_cast<DeclRefExpr>(S); DRE && isOptionsType(DRE->getType())) {
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(S); DRE && isRnnOptionsType(DRE->getType())) {
     const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
     if (VD && VD->hasLocalStorage() && !isa<ParmVarDecl>(VD))
       R.OptionVars.push_back(VD);
     else
       R.Opaque = true;
   }
-  if (const auto *ME = dyn_cast<MemberExpr>(S); ME && isOptionsType(ME->getType()))
+  if (const auto *ME = dyn_cast<MemberExpr>(S); ME && isRnnOptionsType(ME->getType()))
     R.Opaque = true; // cfg.lstm_options, options_
   for (const Stmt *Child : S->children())
     scanSite(Child, Ctx, R);
