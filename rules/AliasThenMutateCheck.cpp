@@ -3,6 +3,8 @@
 #include "analysis/AliasCheckSupport.h"
 #include "analysis/AnalysisManager.h"
 #include "analysis/Finding.h"
+#include "analysis/GradFacts.h"
+#include "analysis/LayoutCheckSupport.h"
 
 #include "clang/AST/ExprCXX.h"
 #include "llvm/ADT/DenseMap.h"
@@ -23,10 +25,26 @@ void AliasThenMutateCheck::onEndOfTranslationUnit() {
   Reported.clear();
 }
 
+// A plain handle to a module's parameter: `auto w = fc->weight; w.zero_();`
+// under no-grad is how a parameter is initialised. (`p.to(kFloat)` may be
+// meant as a copy: still reported.)
+static bool initialisesParameter(const AffectedHandle &A) {
+  const auto *F = dyn_cast_or_null<FieldDecl>(A.Decl);
+  return F && !A.Owner && A.FirstAlias.Kind != EdgeKind::MayAlias && isParameterField(F);
+}
+
 // The handle the write also changes: a later read first, then an escape.
 static const AffectedHandle *pick(const WriteEvent &W) {
-  return pickAffected(W,
-                      [](const AffectedHandle &A) { return A.CrossedAlias && !A.CrossedDetach; });
+  return pickAffected(W, [](const AffectedHandle &A) {
+    return A.CrossedAlias && !A.CrossedDetach && !initialisesParameter(A);
+  });
+}
+
+// A write PyTorch refuses on an expanded tensor changes nothing: it is
+// tensor-inplace-on-expanded's finding.
+bool AliasThenMutateCheck::refusedAsExpanded(const WriteEvent &W, ASTContext &Ctx) const {
+  const auto *Call = W.Via ? nullptr : dyn_cast<CallExpr>(W.Write);
+  return Call && expandedWriteTarget(Call, Model, Ctx);
 }
 
 void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
@@ -41,7 +59,7 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
   llvm::SmallVector<std::pair<const WriteEvent *, const AffectedHandle *>, 4> Found;
   llvm::DenseMap<const Expr *, unsigned> PerSite;
   for (const WriteEvent &W : R->Writes) {
-    if (!W.RootDecl)
+    if (!W.RootDecl || refusedAsExpanded(W, Ctx))
       continue;
     if (const AffectedHandle *A = pick(W)) {
       Found.push_back({&W, A});

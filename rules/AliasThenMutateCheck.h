@@ -6,6 +6,8 @@
 
 namespace clang::tidy::tensor {
 
+struct WriteEvent;
+
 /// Flags an in-place write through a handle that shares storage with another
 /// handle by a handle copy or a may-alias op (`contiguous`, `to`, `reshape`,
 /// `flatten`, ...) while the other is read later or escapes.
@@ -18,6 +20,7 @@ public:
   void onEndOfTranslationUnit() override;
 
 private:
+  bool refusedAsExpanded(const WriteEvent &W, ASTContext &Ctx) const;
   ReportedOnce Reported;
 };
 

@@ -185,6 +185,38 @@ static std::string fixText(const CopyNarrowingCheck::Copy &C, const SourceManage
   return S + ".to(" + Text(Base) + ".scalar_type())";
 }
 
+// The source's dtype: shown, floating for certain (softmax, exp...), or an
+// input of unknown dtype taken as float32 when the destination is integral.
+std::optional<CopyNarrowingCheck::SourceDType>
+CopyNarrowingCheck::sourceDType(const Copy &C, const TensorFact &D, const TensorFact &S,
+                                const MatchFinder::MatchResult &Result) const {
+  if (S.FloatingOp && (S.DType.empty() || S.DTypeAssumed))
+    return SourceDType{"Float", true, "", Fact::DTypesKnown};
+  if (!S.DTypeAssumed)
+    return S.DType.empty() ? std::nullopt
+                           : std::optional(SourceDType{S.DType, false, "", Fact::DTypesKnown});
+  const Expr *Base = baseOf(C.Src);
+  if (!AssumeFloatSources || kindOf(D.DType) == Kind::Floating || !Base ||
+      StringRef(S.KindSource).starts_with("the result of"))
+    return std::nullopt;
+  std::string Name = Lexer::getSourceText(CharSourceRange::getTokenRange(Base->getSourceRange()),
+                                          *Result.SourceManager, Result.Context->getLangOpts())
+                         .str();
+  // Integer data (`y` of `y = batch.target.to(dev)`, `residue_index`) is
+  // int64 as nearly all is: only an int8/int16 destination narrows it.
+  if (S.IntegerNamed || namesIntegerData(Name)) {
+    if (D.DType != "Char" && D.DType != "Short")
+      return std::nullopt;
+    return SourceDType{"Long", false,
+                       " (assuming " + S.KindSource +
+                           " holds int64 values, as integer data nearly always does)",
+                       Fact::AssumedInt64};
+  }
+  return SourceDType{"Float", false,
+                     " (assuming " + S.KindSource + " is float32, as nearly all such tensors are)",
+                     Fact::AssumedFloat32};
+}
+
 void CopyNarrowingCheck::report(const Copy &C, const MatchFinder::MatchResult &Result) {
   ASTContext &Ctx = *Result.Context;
   const LayoutAnalysis *LA = AnalysisManager::get(Model, Ctx).layoutAt(C.Call);
@@ -192,27 +224,12 @@ void CopyNarrowingCheck::report(const Copy &C, const MatchFinder::MatchResult &R
   const TensorFact *S = LA ? LA->factOf(C.Src) : nullptr;
   if (!D || !S || D->DType.empty() || D->DTypeAssumed)
     return;
-  // The source's dtype: shown, floating for certain (softmax, exp...), or an
-  // input of unknown dtype taken as float32 when the destination is integral.
-  StringRef SrcDT = S->DType;
-  std::string Assumed;
-  bool Floating = S->FloatingOp && (S->DType.empty() || S->DTypeAssumed);
-  if (Floating) {
-    SrcDT = "Float";
-  } else if (S->DTypeAssumed) {
-    const Expr *Base = baseOf(C.Src);
-    if (!AssumeFloatSources || kindOf(D->DType) == Kind::Floating || !Base ||
-        StringRef(S->KindSource).starts_with("the result of"))
-      return;
-    std::string Name = Lexer::getSourceText(CharSourceRange::getTokenRange(Base->getSourceRange()),
-                                            *Result.SourceManager, Ctx.getLangOpts())
-                           .str();
-    if (namesIntegerData(Name))
-      return;
-    Assumed = " (assuming " + S->KindSource + " is float32, as nearly all such tensors are)";
-  } else if (S->DType.empty()) {
+  std::optional<SourceDType> Src = sourceDType(C, *D, *S, Result);
+  if (!Src)
     return;
-  }
+  StringRef SrcDT = Src->DType;
+  const std::string &Assumed = Src->Assumed;
+  bool Floating = Src->Floating;
   std::string Lost = loss(SrcDT, D->DType);
   if (Lost.empty() || !Reported.first(C.Loc))
     return;
@@ -236,7 +253,7 @@ void CopyNarrowingCheck::report(const Copy &C, const MatchFinder::MatchResult &R
   F.Op = F.Where;
   F.OpName = C.What == "index_put_" ? "index_put_" : "copy_";
   F.Fix = Fix.empty() ? FixKind::None : FixKind::ExplicitConvert;
-  F.Facts.push_back(Assumed.empty() ? Fact::DTypesKnown : Fact::AssumedFloat32);
+  F.Facts.push_back(Src->Why);
   emitFinding(std::move(F));
 }
 

@@ -46,15 +46,11 @@ bool InplaceOnExpandedCheck::writtenBefore(const CallExpr *Write, const TensorFa
 
 void InplaceOnExpandedCheck::check(const MatchFinder::MatchResult &Result) {
   const auto *Write = Result.Nodes.getNodeAs<CallExpr>("write");
-  std::string Op = Write ? writeOpName(Write, Model) : "";
-  // fill_/zero_ and metadata ops run; masked_fill_/index_put_ only warn.
-  if (Op.empty() || sem::expandedWrite(Op) != sem::ExpandedWrite::Raises)
+  const TensorFact *F = Write ? expandedWriteTarget(Write, Model, *Result.Context) : nullptr;
+  if (!F)
     return;
-  const Expr *Target = Model.inPlaceTarget(Write);
   const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Write);
-  const TensorFact *F = LA ? LA->factOf(Target) : nullptr;
-  if (!F || !F->Broadcast)
-    return;
+  std::string Op = writeOpName(Write, Model);
   SourceLocation Loc = reportLoc(Write);
   if (F->ExpandCall && writtenBefore(Write, *F, *LA, *Result.Context))
     return;

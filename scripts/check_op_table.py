@@ -6,7 +6,8 @@ whether autograd records the op; and every TT_SAVES row (what an op saves for
 backward), plus the probed ops that are not listed (they must save nothing),
 by modifying the result or an input in place and running backward; and the
 TT_RESHAPES_SELF rows (in-place ops that change self's layout; other in-place
-ops must keep it). Exit 0 all agree, 1 a row disagrees or has
+ops must keep it); the TT_RESULT_DTYPE and TT_VALUES_INDICES rows (result
+dtypes). Exit 0 all agree, 1 a row disagrees or has
 no probe, 2 PyTorch is missing."""
 import pathlib
 import re
@@ -16,6 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^TT_LIBTORCH_OP\((\w+),\s*(\w+),\s*(\w+),\s*(\w+)\)", re.M)
 SAVES_ROW = re.compile(r"^TT_SAVES\((\w+),\s*(\w+)\)", re.M)
 RESHAPES_ROW = re.compile(r"^TT_RESHAPES_SELF\((\w+)\)", re.M)
+DTYPE_ROW = re.compile(r"^TT_RESULT_DTYPE\((\w+),\s*(\w+)\)", re.M)
+VALUES_INDICES_ROW = re.compile(r"^TT_VALUES_INDICES\((\w+)\)", re.M)
 
 
 def probes(torch, F):
@@ -45,6 +48,11 @@ def probes(torch, F):
         "bitwise_and": lambda t: (t > 0) & (t < 1), "bitwise_not": lambda t: ~(t > 0),
         "bitwise_or": lambda t: (t > 0) | (t < 1), "bitwise_xor": lambda t: (t > 0) ^ (t < 1),
         "maximum": lambda t: torch.maximum(t, t), "minimum": lambda t: torch.minimum(t, t),
+        # (values, indices) ops: their values
+        "sort": lambda t: t.sort(1)[0], "topk": lambda t: t.topk(2, 1)[0],
+        "kthvalue": lambda t: t.kthvalue(2, 1)[0], "median": lambda t: t.median(1)[0],
+        "mode": lambda t: t.mode(1)[0], "cummax": lambda t: t.cummax(1)[0],
+        "cummin": lambda t: t.cummin(1)[0],
         "mish": F.mish, "nan_to_num": torch.nan_to_num, "normalize": lambda t: F.normalize(t, dim=-1),
         "reciprocal": torch.reciprocal, "relu6": F.relu6, "remainder": lambda t: t.remainder(2),
         "round": torch.round, "rsqrt": lambda t: t.abs().rsqrt(), "selu": F.selu, "sign": torch.sign,
@@ -243,6 +251,76 @@ def reshapes_disagreements(torch):
     return problems, len(probes)
 
 
+def dtype_probes(torch, F):
+    """name -> f(x) for the TT_RESULT_DTYPE rows, x a [4, 5] tensor of small
+    non-negative whole numbers, float64 or int64."""
+    return {
+        "argmax": lambda x: x.argmax(1), "argmin": lambda x: x.argmin(1),
+        "argsort": lambda x: x.argsort(1), "nonzero": lambda x: x.nonzero(),
+        "bincount": lambda x: x.long().flatten().bincount(),
+        "one_hot": lambda x: F.one_hot(x.long(), 6),
+        "eq": lambda x: x.eq(x), "ge": lambda x: x.ge(x), "gt": lambda x: x.gt(x),
+        "le": lambda x: x.le(x), "lt": lambda x: x.lt(x), "ne": lambda x: x.ne(x),
+        "isinf": lambda x: x.isinf(), "isnan": lambda x: x.isnan(),
+        "logical_and": lambda x: x.logical_and(x), "logical_not": lambda x: x.logical_not(),
+        "div": lambda x: x / (x + 1), "erf": lambda x: x.erf(), "exp": lambda x: x.exp(),
+        "expm1": lambda x: x.expm1(), "gelu": lambda x: F.gelu(x), "log": lambda x: x.log(),
+        "interpolate": lambda x: F.interpolate(x.reshape(1, 1, 4, 5), size=(2, 3)),
+        "log1p": lambda x: x.log1p(), "log_softmax": lambda x: x.log_softmax(1),
+        "mean": lambda x: x.mean(), "rsqrt": lambda x: x.rsqrt(), "sigmoid": lambda x: x.sigmoid(),
+        "silu": lambda x: F.silu(x), "softmax": lambda x: x.softmax(1), "sqrt": lambda x: x.sqrt(),
+        "tanh": lambda x: x.tanh(),
+    }
+
+
+def dtype_disagreement(torch, rule, f):
+    """Bool / Long: that dtype from a float64 input; Floating: float64 from
+    float64, and float32 from int64 where the op takes integers."""
+    x = torch.randint(0, 4, (4, 5))
+    got = f(x.double()).dtype
+    if rule in ("Bool", "Long"):
+        want = torch.bool if rule == "Bool" else torch.long
+        return None if got == want else "gives %s" % got
+    try:
+        from_int = f(x).dtype
+    except RuntimeError:
+        from_int = torch.float32  # integers rejected: nothing to disagree with
+    if got == torch.float64 and from_int == torch.float32:
+        return None
+    return "gives %s from float64 and %s from int64" % (got, from_int)
+
+
+def values_indices_probes(torch):
+    return {
+        "cummax": lambda x: x.cummax(1), "cummin": lambda x: x.cummin(1),
+        "kthvalue": lambda x: x.kthvalue(2, 1), "max": lambda x: x.max(1),
+        "median": lambda x: x.median(1), "min": lambda x: x.min(1), "mode": lambda x: x.mode(1),
+        "sort": lambda x: x.sort(1), "topk": lambda x: x.topk(2, 1),
+    }
+
+
+def result_dtype_disagreements(torch, F):
+    """TT_RESULT_DTYPE rows by their rule; TT_VALUES_INDICES rows: a pair of
+    values in self's dtype (float64 here) and int64 indices."""
+    text = (ROOT / "runtime/include/tt/ops.def").read_text()
+    problems, probes = [], dtype_probes(torch, F)
+    rows = DTYPE_ROW.findall(text)
+    for name, rule in rows:
+        found = dtype_disagreement(torch, rule, probes[name]) if name in probes else "no probe"
+        if found:
+            problems.append("%s: ops.def says %s, but PyTorch %s" % (name, rule, found))
+    pairs, vi = VALUES_INDICES_ROW.findall(text), values_indices_probes(torch)
+    for name in pairs:
+        if name not in vi:
+            problems.append("%s: TT_VALUES_INDICES row without a probe" % name)
+            continue
+        got = vi[name](torch.randn(4, 5, dtype=torch.float64))
+        if len(got) != 2 or (got[0].dtype, got[1].dtype) != (torch.float64, torch.long):
+            problems.append("%s: ops.def says (values, indices), but PyTorch gives %s" % (
+                name, [t.dtype for t in got]))
+    return problems, len(rows) + len(pairs)
+
+
 def main():
     try:
         import torch
@@ -274,7 +352,11 @@ def main():
     for p in reshape_problems:
         print(p)
     print("%d in-place ops' layouts checked against PyTorch, %d disagreements" % (probed, len(reshape_problems)))
-    return 1 if failed or saves_problems or reshape_problems else 0
+    dtype_problems, probed = result_dtype_disagreements(torch, F)
+    for p in dtype_problems:
+        print(p)
+    print("%d result-dtype rows checked against PyTorch, %d disagreements" % (probed, len(dtype_problems)))
+    return 1 if failed or saves_problems or reshape_problems or dtype_problems else 0
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::SameStorage, "same-storage"},
     {Fact::DTypesKnown, "dtypes-known"},
     {Fact::AssumedFloat32, "assumed-float32"},
+    {Fact::AssumedInt64, "assumed-int64"},
     {Fact::DevicesKnown, "devices-known"},
     {Fact::ModuleMoved, "module-moved"},
     {Fact::LeafRequiresGrad, "leaf-requires-grad"},

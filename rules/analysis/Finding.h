@@ -89,6 +89,7 @@ enum class Fact {
   SameStorage,       // both operands are views of one storage
   DTypesKnown,       // both dtypes are shown by the code
   AssumedFloat32,    // a source of unknown dtype taken as float32
+  AssumedInt64,      // a source whose name says integer data, taken as int64
   DevicesKnown,      // both devices are shown by the code
   ModuleMoved,       // a module's parameters were moved to the device
   LeafRequiresGrad,   // the written tensor is a leaf (or a view of one) that requires grad

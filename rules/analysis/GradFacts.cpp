@@ -130,16 +130,6 @@ bool isRegisteredParameter(const FieldDecl *F) {
   return R;
 }
 
-// `lin->weight`, `conv->bias`, a member registered as a parameter.
-bool isParameterField(const FieldDecl *F) {
-  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
-  if (!isModuleRecord(RD))
-    return false;
-  if (inNamespacePath(RD, "torch::") && F->getIdentifier())
-    return F->getName() == "weight" || F->getName() == "bias";
-  return isRegisteredParameter(F);
-}
-
 bool isCompoundAssign(OverloadedOperatorKind K) {
   switch (K) {
   case OO_PlusEqual:
@@ -181,6 +171,15 @@ bool runsALayer(const Stmt *S) {
 }
 
 } // namespace
+
+bool isParameterField(const FieldDecl *F) {
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  if (!isModuleRecord(RD))
+    return false;
+  if (inNamespacePath(RD, "torch::") && F->getIdentifier())
+    return F->getName() == "weight" || F->getName() == "bias";
+  return isRegisteredParameter(F);
+}
 
 bool isUserLayerMethod(const CXXMemberCallExpr *Call) {
   const CXXMethodDecl *M = Call->getMethodDecl();

@@ -28,6 +28,10 @@ namespace clang::tidy::tensor {
 /// forward's does, on its input's device.
 bool isUserLayerMethod(const CXXMemberCallExpr *Call);
 
+/// `lin->weight`, `conv->bias`, a member of the user's module registered as a
+/// parameter.
+bool isParameterField(const FieldDecl *F);
+
 
 class FrozenParameters;
 

@@ -323,6 +323,14 @@ TensorFact LayoutAnalysis::Impl::evalVar(const VarDecl *VD, const Expr *Ref, Sta
   return assumedInput(VD, "'" + VD->getName().str() + "'", VD->getName());
 }
 
+static const VarDecl *varOf(const Expr *E) {
+  if (!E)
+    return nullptr;
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(E)))
+    return dyn_cast<VarDecl>(DRE->getDecl());
+  return nullptr;
+}
+
 TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   E = stripHandle(E);
   if (!E)
@@ -334,9 +342,13 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     if (const auto *BD = dyn_cast<BindingDecl>(DRE->getDecl()); BD && Model.isTensorExpr(E)) {
       if (const CallExpr *Rnn = rnnOutputCall(DRE))
         return rnnOutput(DRE, Rnn, S);
+      const auto *DD = dyn_cast_or_null<DecompositionDecl>(BD->getDecomposedDecl());
+      if (DD && DD->getInit())
+        if (auto F = valuesOrIndices(DD->getInit(), llvm::find(DD->bindings(), BD) -
+                                                        DD->bindings().begin(), S))
+          return *F;
       TensorFact F = assumedInput(BD, "'" + BD->getNameAsString() + "'", BD->getName());
       // `auto [a, logp] = actor->forward(obs)`: on the module's input's device.
-      const auto *DD = dyn_cast_or_null<VarDecl>(BD->getDecomposedDecl());
       if (const CallExpr *Module = DD ? moduleCallIn(DD->getInit()) : nullptr)
         return onInputDevice(F, Model.tensorOperand(moduleInput(Module)), S);
       return F;
@@ -426,6 +438,11 @@ TensorFact LayoutAnalysis::Impl::evalCall(const CallExpr *Call, State &S) {
     return moduleResult(Call, FD, Call->getArg(0), S);
   if (const CallExpr *Rnn = Model.isTensorExpr(Call) ? rnnOutputCall(Call) : nullptr)
     return rnnOutput(Call, Rnn, S); // std::get<0>(lstm(x))
+  if (isInNamespace(FD, {"std"}) && Name == "get" && Call->getNumArgs() == 1)
+    if (const TemplateArgumentList *TA = FD->getTemplateSpecializationArgs();
+        TA && TA->size() && TA->get(0).getKind() == TemplateArgument::Integral)
+      if (auto F = valuesOrIndices(Call->getArg(0), TA->get(0).getAsIntegral().getZExtValue(), S))
+        return *F;
   if ((MC && !Model.isTensorExpr(MC->getImplicitObjectArgument())) ||
       (!MC && !isTensorApi(FD) && !isStdMoveLike(Call)))
     if (std::optional<TensorFact> R = calleeResult(Call, FD))
@@ -446,6 +463,28 @@ TensorFact LayoutAnalysis::Impl::evalCall(const CallExpr *Call, State &S) {
   }
   llvm::SmallVector<const Expr *, 4> Args(Call->arg_begin(), Call->arg_end());
   return evalOp(Call, Name, nullptr, Args, S);
+}
+
+// Element I of a (values, indices) result (ops.def TT_VALUES_INDICES):
+// `std::get<1>(x.max(1))`, `auto [v, i] = x.topk(k)`, through a local
+// `auto top = x.max(1)`: values in x's dtype, int64 indices.
+std::optional<TensorFact> LayoutAnalysis::Impl::valuesOrIndices(const Expr *Tuple, std::size_t I,
+                                                                State &S) {
+  if (const VarDecl *V = varOf(Tuple))
+    Tuple = Locals.initializerOf(V);
+  const auto *Call = Tuple ? dyn_cast<CallExpr>(stripHandle(Tuple)) : nullptr;
+  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(Call);
+  if (!FD || !FD->getIdentifier() || I > 1 || !sem::returnsValuesIndices(FD->getName()) ||
+      !(MC ? Model.isTensorExpr(MC->getImplicitObjectArgument()) : isTensorApi(FD)))
+    return std::nullopt;
+  TensorFact F = evalCall(Call, S);
+  if (I == 1) {
+    F.DType = "Long";
+    F.ElemSize = 8;
+    F.DTypeAssumed = F.FloatingOp = false;
+  }
+  return F;
 }
 
 TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Name,
@@ -469,7 +508,7 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
   }
   if (sem::isInPlaceName(Row))
     return unknownFact(); // t_, resize_...: self's new layout is not followed
-  if (!Model.isTensorExpr(Call))
+  if (!Model.isTensorExpr(Call) && !sem::returnsValuesIndices(Row)) // (values, indices): the values
     return unknownFact();
   if (!SelfE) {
     OpCall C{Call, Name, Op, nullptr, Args, S, TensorFact()};
@@ -868,14 +907,6 @@ void LayoutAnalysis::Impl::prescan(const Stmt *St) {
         Mark(VD->getInit());
   for (const Stmt *C : St->children())
     prescan(C);
-}
-
-static const VarDecl *varOf(const Expr *E) {
-  if (!E)
-    return nullptr;
-  if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(E)))
-    return dyn_cast<VarDecl>(DRE->getDecl());
-  return nullptr;
 }
 
 void LayoutAnalysis::Impl::assignTensor(const VarDecl *V, const Expr *Init, State &S) {

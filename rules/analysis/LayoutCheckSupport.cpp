@@ -62,6 +62,17 @@ std::string writeOpName(const CallExpr *Call, const TensorModel &Model) {
   return FD && FD->getIdentifier() ? FD->getName().str() : "";
 }
 
+const TensorFact *expandedWriteTarget(const CallExpr *Write, const TensorModel &Model,
+                                      ASTContext &Ctx) {
+  // fill_/zero_ and metadata ops run; masked_fill_/index_put_ only warn.
+  std::string Op = writeOpName(Write, Model);
+  if (Op.empty() || sem::expandedWrite(Op) != sem::ExpandedWrite::Raises)
+    return nullptr;
+  const LayoutAnalysis *LA = AnalysisManager::get(Model, Ctx).layoutAt(Write);
+  const TensorFact *F = LA ? LA->factOf(Model.inPlaceTarget(Write)) : nullptr;
+  return F && F->Broadcast ? F : nullptr;
+}
+
 std::optional<FixItHint> cloneAfter(const Expr *E, ASTContext &Ctx) {
   SourceLocation End = E->getEndLoc();
   if (End.isInvalid() || End.isMacroID() || E->getBeginLoc().isMacroID() ||

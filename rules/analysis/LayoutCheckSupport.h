@@ -34,6 +34,11 @@ void registerWriteMatchers(ast_matchers::MatchFinder *Finder,
 // "copy_" / "fill_" for `a[i] = t` / `a[i] = 1`; "" when not a write.
 std::string writeOpName(const CallExpr *Call, const TensorModel &Model);
 
+// The fact of Write's target when PyTorch refuses Write because the target is
+// expanded (stride 0 along a dim of size > 1): the write never happens.
+const TensorFact *expandedWriteTarget(const CallExpr *Write, const TensorModel &Model,
+                                      ASTContext &Ctx);
+
 // `.clone()` inserted after E, unless E is in a macro or a template
 // instantiation (the fix would edit every instantiation).
 std::optional<FixItHint> cloneAfter(const Expr *E, ASTContext &Ctx);

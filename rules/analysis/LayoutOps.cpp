@@ -402,16 +402,28 @@ TensorFact LayoutAnalysis::Impl::reshapeLike(const OpCall &C, const TensorFact &
   return unknownLike(In);
 }
 
+// `t.view({1, n, d})` with no more dims than t: the leading 1 says t's
+// leading run-time size is 1 (a batch of one, `pos_embed` of [1, N, D]), not
+// > 1 as Note [Generic symbols] assumes of a size the code does not show.
+static Shape withBatchOfOne(const Shape &Sizes, const Shape &New) {
+  Shape R = Sizes;
+  if (!R.empty() && !R[0].isConst() && !New.empty() && New[0].isConst(1) &&
+      New.size() <= R.size())
+    R[0] = Mono::constant(1);
+  return R;
+}
+
 ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
                                            const std::optional<Shape> &NewShape, Shape &NewStride) {
   ViewQuery Q;
   Q.Input = In;
   Q.NewSizes = NewShape;
   if (In.Sizes && NewShape) {
-    Q.Result = computeStride(ST, *In.Sizes, *In.Strides, *NewShape, NewStride);
+    Shape Sizes = withBatchOfOne(*In.Sizes, *NewShape);
+    Q.Result = computeStride(ST, Sizes, *In.Strides, *NewShape, NewStride);
     // Sizes the analysis cannot relate: the chunks still tell.
     if (Q.Result == ViewQuery::Unknown &&
-        tooFewDimsForChunks(countChunks(ST, *In.Sizes, *In.Strides), *NewShape))
+        tooFewDimsForChunks(countChunks(ST, Sizes, *In.Strides), *NewShape))
       Q.Result = ViewQuery::NotViewable;
     auto AllConst = [](const Shape &V) {
       return llvm::all_of(V, [](const Mono &M) { return M.isConst(); });

@@ -260,3 +260,32 @@ Tensor leadingColumns(const Tensor &labels) {
   // CHECK-FIXES: {{^}}  boxes = boxes.mul(2);{{$}}
   return boxes + labels;
 }
+
+// A handle to a module's parameter, written under no-grad, initialises it:
+// changing the parameter is the point.
+void loadEmbedding(torch::nn::Embedding &emb, torch::nn::Linear &fc, const torch::Tensor &vectors) {
+  torch::NoGradGuard no_grad;
+  auto w = emb->weight;
+  w.copy_(vectors);
+  auto b = fc->bias;
+  b.zero_();
+}
+
+// A may-alias op on a parameter may be meant as a copy: `to(kFloat)` of a
+// float32 parameter is the parameter.
+torch::Tensor exportScaled(torch::nn::Linear &fc, double scale) {
+  torch::NoGradGuard no_grad;
+  auto w = fc->weight.to(torch::kFloat);
+  w.mul_(scale);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'w' may also change 'weight': 'to' returns its input, not a copy, when it can [tensor-alias-then-mutate]
+  return w;
+}
+
+// A write PyTorch refuses on an expanded tensor changes nothing: that is
+// tensor-inplace-on-expanded's finding.
+torch::Tensor broadcastGrid(const torch::Tensor &slots, const torch::Tensor &pos, int64_t r) {
+  auto z = slots.reshape({slots.size(0) * slots.size(1), slots.size(2), 1, 1})
+               .expand({-1, -1, r, r});
+  z.add_(pos);
+  return z;
+}

@@ -49,6 +49,41 @@ void halfCache(const Tensor &x) {
   // CHECK-FIXES: {{^}}  cache.narrow(0, 0, 4).copy_(acc.to(cache.scalar_type()));{{$}}
 }
 
+// interpolate's result is floating for certain (it rejects integers); an
+// element of a container, unknown, is not taken as float32 (token ids).
+Tensor cropStrip(const std::vector<Tensor> &views, int64_t cell) {
+  namespace F = torch::nn::functional;
+  auto strip = torch::zeros({3, cell, cell * 2}, torch::kByte);
+  auto img = F::interpolate(views[0].unsqueeze(0), F::InterpolateFuncOptions().scale_factor(std::vector<double>{2.0, 2.0}));
+  strip.narrow(2, 0, cell).copy_(img.squeeze(0) * 255);
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: copy_ silently converts floating-point to uint8 (the destination's dtype): fractions are truncated toward zero; make the conversion explicit with '(img.squeeze(0) * 255).to(strip.scalar_type())' [tensor-copy-narrowing]
+  // CHECK-FIXES: {{^}}  strip.narrow(2, 0, cell).copy_((img.squeeze(0) * 255).to(strip.scalar_type()));{{$}}
+  strip.narrow(2, cell, cell).copy_(views[1]);
+  return strip;
+}
+
+// Integer data is int64, as nearly all is: an int8 buffer wraps it.
+Tensor relativeOffsets(const Tensor &residue_index) {
+  auto rel = torch::empty({residue_index.size(0), residue_index.size(0)}, torch::kChar);
+  rel.copy_(residue_index.unsqueeze(0) - residue_index.unsqueeze(1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts int64 to int8 (the destination's dtype): values out of range wrap around (assuming 'residue_index' holds int64 values, as integer data nearly always does)
+  return rel;
+}
+
+// The values of a (values, indices) result keep self's dtype: a softmax's
+// maxima are fractions.
+void confidencesIntoLabels(const Tensor &logits, int64_t n) {
+  auto labels = torch::empty({n}, torch::kLong);
+  auto conf = torch::empty_like(labels);
+  auto top = torch::softmax(logits, 1).max(1);
+  conf.copy_(std::get<0>(top));
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: copy_ silently converts floating-point to int64 (the destination's dtype): fractions are truncated toward zero; make the conversion explicit with 'std::get<0>(top).to(conf.scalar_type())' [tensor-copy-narrowing]
+  // CHECK-FIXES: {{^}}  conf.copy_(std::get<0>(top).to(conf.scalar_type()));{{$}}
+  auto [values, where] = logits.softmax(1).topk(2);
+  conf.copy_(values);
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: copy_ silently converts floating-point to int64
+}
+
 void meanIntoCounts(const Tensor &x) {
   Tensor counts = torch::zeros({4}, torch::kLong);
   counts.copy_(x.mean(0));
@@ -103,6 +138,27 @@ void quantiseRois(const torch::Tensor &rois, const torch::Tensor &text, double s
   // CHECK-FIXES: grid.copy_((rois * scale).to(grid.scalar_type()));
   auto padded = torch::zeros({k, 8}, torch::kLong);
   padded.narrow(1, 0, 4).copy_(text);
+}
+
+// Integer data into an int32 buffer (the usual width for a kernel's
+// indices), and the elements of a container the function filled itself.
+void labelsAndOutputs(const Tensor &labels, const Tensor &x, int64_t n) {
+  auto narrow = torch::empty({n}, torch::kInt);
+  narrow.copy_(labels);
+  std::vector<Tensor> outs;
+  outs.push_back(x.round());
+  auto counts = torch::zeros({n}, torch::kLong);
+  counts.copy_(outs[0]);
+}
+
+// The indices of a (values, indices) result are int64, whatever the input.
+void indicesIntoLong(const Tensor &scores, int64_t n) {
+  auto preds = torch::empty({n}, torch::kLong);
+  auto top = scores.max(1);
+  preds.copy_(std::get<1>(top));
+  auto [values, where] = scores.sort(1, /*descending=*/true);
+  preds.copy_(where.select(1, 0));
+  preds.copy_(std::get<1>(torch::max(scores, 1)));
 }
 
 // A prompt holds token ids, int64 like the output buffer.

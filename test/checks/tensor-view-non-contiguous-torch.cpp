@@ -219,3 +219,15 @@ torch::Tensor transformedPoints(const torch::Tensor &R, const torch::Tensor &pts
   // CHECK-MESSAGES: :[[@LINE-1]]:16: error: 'view' on the non-contiguous result of 't' throws at run time unless the dimensions it merges have size 1 ('view size is not compatible with input tensor's size and stride'); make the copy explicit with '.contiguous().view(...)' or use 'reshape' [tensor-view-non-contiguous]
   // CHECK-FIXES: {{^}}  return world.contiguous().view({-1});{{$}}
 }
+
+// A leading 1 in the new shape says the input's leading size is 1 (a batch
+// of one): [1, gh, gw, D] merges gh and gw, adjacent after the permute.
+torch::Tensor posForGrid(const torch::Tensor &resized, int64_t gh, int64_t gw, int64_t D) {
+  return resized.permute({0, 2, 3, 1}).view({1, gh * gw, D});
+}
+
+// Without it the batch is a chunk of its own.
+torch::Tensor tokensOfBatch(const torch::Tensor &x) {
+  return x.permute({0, 2, 3, 1}).view({-1, x.size(1)});
+  // CHECK-MESSAGES: :[[@LINE-1]]:34: warning: 'view' on the non-contiguous result of 'permute' throws at run time unless the dimensions it merges have size 1
+}

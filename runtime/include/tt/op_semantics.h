@@ -145,6 +145,28 @@ constexpr ResultDType resultDType(std::string_view name) {
   return valueIn(kResultDTypes, name, ResultDType::Self);
 }
 
+template <std::size_t N>
+constexpr bool inList(const std::string_view (&list)[N], std::string_view name) {
+  for (std::string_view n : list)
+    if (n == name)
+      return true;
+  return false;
+}
+
+// ops.def's TT_VALUES_INDICES section: ops whose result with a dim is a tuple
+// of values (self's dtype) and int64 indices.
+inline constexpr std::string_view kValuesIndices[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_VALUES_INDICES(Name) #Name,
+#include "tt/ops.def"
+#undef TT_VALUES_INDICES
+#undef TT_OP
+};
+
+constexpr bool returnsValuesIndices(std::string_view name) {
+  return inList(kValuesIndices, name);
+}
+
 // Every method whose name ends in '_' (but not "__") writes self in place, by
 // the PyTorch naming convention, even when it is not in the table.
 constexpr bool isInPlaceName(std::string_view name) {
@@ -165,12 +187,7 @@ inline constexpr std::string_view kReshapesSelf[] = {
 // An in-place op (isInPlaceName) that leaves self's sizes, strides, dtype and
 // device as they were: all but TT_RESHAPES_SELF.
 constexpr bool inPlaceKeepsLayout(std::string_view name) {
-  if (!isInPlaceName(name))
-    return false;
-  for (std::string_view r : kReshapesSelf)
-    if (r == name)
-      return false;
-  return true;
+  return isInPlaceName(name) && !inList(kReshapesSelf, name);
 }
 
 constexpr std::string_view toString(Storage s) {
