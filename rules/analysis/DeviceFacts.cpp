@@ -228,6 +228,10 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
       return deviceNamed(C->getArg(0), Depth);
     if (MC && isDeviceLikeType(MC->getImplicitObjectArgument()->getType()))
       return deviceNamed(MC->getImplicitObjectArgument(), Depth); // .dtype(...) on options
+    if (const Expr *Of = MC && N == "options" ? MC->getImplicitObjectArgument()->IgnoreImpCasts()
+                                              : nullptr;
+        Of && Model.isTensorExpr(Of)) // TensorBase::options()
+      return deviceOf(Of, Depth);     // x.options(): x's device
     if (!MC && isTensorApi(C->getDirectCallee()) && (N == "dtype" || N == "requires_grad"))
       return DeviceKnown::NotCUDA; // torch::dtype(kFloat): the default device
   }

@@ -101,33 +101,43 @@ bool registersTrainable(const Stmt *S, ASTContext &Ctx) {
   return S && llvm::any_of(S->children(), [&](const Stmt *C) { return registersTrainable(C, Ctx); });
 }
 
-bool assignsFromRegister(const Stmt *S, const FieldDecl *F) {
+// The values assigned to F in S: `F = v`, of any object's F.
+void assignedValues(const Stmt *S, const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out) {
   if (!S)
-    return false;
+    return;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S))
     if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
-      if (const auto *ME = dyn_cast<MemberExpr>(OC->getArg(0)->IgnoreParenImpCasts()))
-        if (ME->getMemberDecl() == F && registersTrainable(OC->getArg(1), F->getASTContext()))
-          return true;
+      if (const auto *ME = dyn_cast<MemberExpr>(OC->getArg(0)->IgnoreParenImpCasts());
+          ME && ME->getMemberDecl() == F)
+        Out.push_back(OC->getArg(1));
   for (const Stmt *Child : S->children())
-    if (assignsFromRegister(Child, F))
-      return true;
-  return false;
+    assignedValues(Child, F, Out);
 }
 
-bool isRegisteredParameter(const FieldDecl *F) {
-  bool R = false;
+// Every value F's class gives F: its in-class initializer, its constructors'
+// written initializers, and `F = v` in its methods.
+llvm::SmallVector<const Expr *, 4> valuesOfField(const FieldDecl *F) {
+  llvm::SmallVector<const Expr *, 4> Out;
+  if (const Expr *Init = F->getInClassInitializer())
+    Out.push_back(Init);
   const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
   if (!RD)
-    return false;
+    return Out;
   for (const CXXMethodDecl *M : RD->methods())
     if (const auto *Def = dyn_cast_or_null<CXXMethodDecl>(M->getDefinition())) {
       if (const auto *C = dyn_cast<CXXConstructorDecl>(Def))
         for (const CXXCtorInitializer *I : C->inits())
-          R |= I->getMember() == F && registersTrainable(I->getInit(), F->getASTContext());
-      R = R || assignsFromRegister(Def->getBody(), F);
+          if (I->getMember() == F && I->isWritten())
+            Out.push_back(I->getInit());
+      assignedValues(Def->getBody(), F, Out);
     }
-  return R;
+  return Out;
+}
+
+bool isRegisteredParameter(const FieldDecl *F) {
+  return llvm::any_of(valuesOfField(F), [&](const Expr *V) {
+    return registersTrainable(V, F->getASTContext());
+  });
 }
 
 bool isCompoundAssign(OverloadedOperatorKind K) {
@@ -257,6 +267,19 @@ struct GradFacts::Impl {
     if (New && isUserLayerMethod(Call))
       It->second = returnsUnderNoGrad(Call) ? LayerMethod::LayerUnderNoGrad : LayerMethod::Layer;
     return It->second;
+  }
+  // A field its class only ever sets to leaves that require grad (`plan_ =
+  // torch::full(..., TensorOptions().requires_grad(true))`), as a parameter.
+  mutable llvm::DenseMap<const FieldDecl *, bool> LeafFields;
+  bool leafField(const FieldDecl *F) const {
+    if (LeafFields.try_emplace(F, false).second) {
+      auto Values = valuesOfField(F);
+      bool Leaf = !Values.empty() && llvm::all_of(Values, [&](const Expr *V) {
+        return eval(V, State()).Kind == GradKind::Leaf;
+      });
+      LeafFields[F] = Leaf; // eval may have grown the map
+    }
+    return LeafFields.lookup(F);
   }
   bool parameterField(const FieldDecl *F) const {
     auto [It, New] = ParamFields.try_emplace(F, false);
@@ -473,6 +496,8 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
     const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
     if (F && parameterField(F))
       return frozen(ME->getBase()) ? GradFact{} : GradFact{GradKind::Leaf, ME};
+    if (F && Model.isTensorType(F->getType()) && leafField(F))
+      return {GradKind::Leaf, ME};
     // A tensor field of a module's result (the struct a `forward` returns)
     // follows it, as `auto [a, b] = net(x)` does; so does one of a struct
     // parameter every call gives such a result (gradOfParams).

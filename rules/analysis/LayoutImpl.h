@@ -115,6 +115,7 @@ public:
   TensorFact evalVar(const VarDecl *VD, const Expr *Ref, State &S);
   TensorFact evalOperator(const CXXOperatorCallExpr *OC, State &S);
   TensorFact evalCall(const CallExpr *Call, State &S);
+  const Expr *optionsOfTensor(llvm::ArrayRef<const Expr *> Args);
   std::optional<TensorFact> valuesOrIndices(const Expr *Tuple, std::size_t I, State &S);
   TensorFact evalOp(const CallExpr *Call, llvm::StringRef Name, const Expr *SelfE,
                     llvm::ArrayRef<const Expr *> Args, State &S);

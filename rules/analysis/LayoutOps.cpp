@@ -252,6 +252,32 @@ bool LayoutAnalysis::Impl::isSizesOfTensor(const Expr *E) const {
          Model.isTensorExpr(MC->getImplicitObjectArgument()->IgnoreParenImpCasts());
 }
 
+// `t.options()` among a factory's arguments, directly, under `.dtype(..)` /
+// `.requires_grad(..)`, or through a local never assigned again: t, whose
+// device and dtype the options carry. Not under `.device(..)`, which wins.
+const Expr *LayoutAnalysis::Impl::optionsOfTensor(llvm::ArrayRef<const Expr *> Args) {
+  for (const Expr *A : Args) {
+    const Expr *E = isa<CXXDefaultArgExpr>(A) ? nullptr : stripHandle(A);
+    for (int Depth = 0; E && Depth < 8; ++Depth) {
+      if (const auto *DRE = dyn_cast<DeclRefExpr>(E)) {
+        const auto *V = dyn_cast<VarDecl>(DRE->getDecl());
+        E = V && isTensorOptionsType(V->getType()) ? Locals.initializerOf(V) : nullptr;
+        E = E ? stripHandle(E) : nullptr;
+        continue;
+      }
+      const auto *MC = dyn_cast<CXXMemberCallExpr>(E);
+      const CXXMethodDecl *M = MC ? MC->getMethodDecl() : nullptr;
+      if (!M || !M->getIdentifier() || M->getName() == "device")
+        break;
+      const Expr *Obj = MC->getImplicitObjectArgument()->IgnoreImpCasts(); // TensorBase::options()
+      if (M->getName() == "options" && Model.isTensorExpr(Obj))
+        return Obj;
+      E = stripHandle(Obj);
+    }
+  }
+  return nullptr;
+}
+
 TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   TensorFact F = freshContiguous(C.Call);
   DTypeName DT;
@@ -259,6 +285,17 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
     if (!DT.Size)
       DT = dtypeIn(A);
   F.Device = factoryDevice(C.Args, F.DeviceRuntime, deviceVars(), Locals);
+  if (const Expr *Of = F.Device == TensorFact::AnyDevice ? optionsOfTensor(C.Args) : nullptr) {
+    TensorFact T = evalTensor(Of, C.S); // `zeros({}, x.options())`: x's device and dtype
+    F.Device = T.Device;
+    F.DeviceAssumed = T.DeviceAssumed;
+    F.DeviceRuntime = T.DeviceRuntime;
+    if (!DT.Size && !T.DType.empty()) {
+      DT = DTypeName{T.DType, T.ElemSize};
+      F.DTypeAssumed = T.DTypeAssumed;
+      F.IntegerNamed = T.IntegerNamed;
+    }
+  }
   std::optional<Shape> Sz;
   bool Integral = false;
   if (llvm::is_contained({"zeros", "ones", "empty", "rand", "randn", "full"}, C.Name)) {

@@ -151,6 +151,16 @@ void labelsAndOutputs(const Tensor &labels, const Tensor &x, int64_t n) {
   counts.copy_(outs[0]);
 }
 
+// Options of an int64 tensor make an int64 buffer.
+void scoresIntoIdsBuffer(const Tensor &x, int64_t n) {
+  auto ids = torch::arange(n);
+  auto buf = torch::empty({n}, ids.options());
+  buf.copy_(x.softmax(0));
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts floating-point to int64 (the destination's dtype)
+  auto probs = torch::empty({n}, x.softmax(0).options());
+  probs.copy_(x.softmax(0));
+}
+
 // The indices of a (values, indices) result are int64, whatever the input.
 void indicesIntoLong(const Tensor &scores, int64_t n) {
   auto preds = torch::empty({n}, torch::kLong);

@@ -310,3 +310,22 @@ struct PosEmbed : torch::nn::Module {
   }
   Tensor table, token;
 };
+
+// A member the class only ever sets to a leaf that requires grad is one,
+// as a parameter is.
+class CommandPlan {
+public:
+  explicit CommandPlan(int64_t horizon) {
+    plan_ = torch::zeros({horizon, 4}, torch::TensorOptions().requires_grad(true));
+  }
+  void step(double lr) {
+    {
+      torch::NoGradGuard no_grad;
+      plan_.sub_(plan_.grad(), lr);
+    }
+    plan_.clamp_(-1.0, 1.0);
+    // CHECK-MESSAGES: :[[@LINE-1]]:11: error: in-place 'clamp_' on 'plan_', a leaf tensor that requires grad
+  }
+  void reset(const Tensor &init) { snapshot_ = init; snapshot_.zero_(); }
+  Tensor plan_, snapshot_;
+};

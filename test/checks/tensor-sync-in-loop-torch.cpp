@@ -237,3 +237,21 @@ void denoiseHost(torch::nn::Linear &net, int64_t steps) {
     std::cout << x.abs().mean().item<float>() << "\n";
   }
 }
+
+// A factory given `x.options()` is on x's device: the cost is a CUDA tensor.
+class PlanOptimiser {
+public:
+  PlanOptimiser() : device_(torch::kCUDA) {}
+  double optimise(const torch::Tensor &state, int64_t iters) {
+    auto s0 = state.to(device_);
+    double mean_cost = 0;
+    for (int64_t it = 0; it < iters; ++it) {
+      auto cost = torch::zeros({}, s0.options());
+      cost = cost + s0.pow(2).sum();
+      mean_cost += cost.item<double>();
+      // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: 'item' of CUDA tensor 'cost' copies it to the host
+    }
+    return mean_cost;
+  }
+  torch::Device device_;
+};
