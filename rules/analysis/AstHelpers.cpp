@@ -154,6 +154,13 @@ const VarDecl *handleVar(const ValueDecl *D) {
   return dyn_cast_or_null<VarDecl>(D);
 }
 
+bool isComputingOperator(const CXXOperatorCallExpr *OC) {
+  if (OC->getOperator() == OO_Star && OC->getNumArgs() == 1)
+    return false; // a dereference
+  llvm::StringRef N = operatorOpName(OC);
+  return !N.empty() && !N.ends_with("_");
+}
+
 llvm::StringRef operatorOpName(const CXXOperatorCallExpr *OC) {
   switch (OC->getOperator()) {
   case OO_Plus:

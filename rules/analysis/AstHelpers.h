@@ -89,6 +89,10 @@ bool isOptionsSetter(const FunctionDecl *FD);
 /// gt, `a += b` add_, `m | n` bitwise_or; "" for other operators.
 llvm::StringRef operatorOpName(const CXXOperatorCallExpr *OC);
 
+/// An operator that computes a new value from its operands by an out-of-place
+/// op (`a + b`, `-a`, `~m`, `a < b`, `m & n`); not `*it`, `=`, `+=`, `[]`.
+bool isComputingOperator(const CXXOperatorCallExpr *OC);
+
 /// The function or lambda call operator whose body contains S (null if none).
 const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx);
 

@@ -284,11 +284,9 @@ bool LoopAnalysis::rootsForeign(const Expr *E) const {
   const auto *C = dyn_cast<CallExpr>(E);
   if (!C)
     return false;
-  if (isa<CXXOperatorCallExpr>(C) && Model.isTensorExpr(E)) {
-    auto Op = cast<CXXOperatorCallExpr>(C)->getOperator();
-    if (Op == OO_Plus || Op == OO_Minus || Op == OO_Star || Op == OO_Slash)
-      return false;
-  }
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+      OC && Model.isTensorExpr(E) && isComputingOperator(OC))
+    return false;
   if (const sem::OpInfo *Op = tensorOp(Model, C)) {
     if (!aliasing(Op))
       return false;
@@ -435,8 +433,7 @@ bool LoopAnalysis::isFreshValue(const Expr *E, unsigned Depth) const {
   if (!C)
     return false;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C))
-    return llvm::is_contained({OO_Plus, OO_Minus, OO_Star, OO_Slash}, OC->getOperator()) &&
-           Model.isTensorExpr(C);
+    return isComputingOperator(OC) && Model.isTensorExpr(C);
   if (const sem::OpInfo *Op = tensorOp(Model, C)) {
     if (aliasing(Op)) {
       const Expr *Self = TensorModel::selfOf(C);
@@ -886,16 +883,7 @@ bool LoopAnalysis::isInvariantCall(const CallExpr *C, const Stmt *Loop, unsigned
   if (isInPlaceCall(C))
     return false;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
-    switch (OC->getOperator()) {
-    case OO_Plus:
-    case OO_Minus:
-    case OO_Star:
-    case OO_Slash:
-    case OO_Subscript:
-      return ArgsInvariant();
-    default:
-      return false;
-    }
+    return (OC->getOperator() == OO_Subscript || isComputingOperator(OC)) && ArgsInvariant();
   }
   const FunctionDecl *Callee = C->getDirectCallee();
   const auto *MC = dyn_cast<CXXMemberCallExpr>(C);

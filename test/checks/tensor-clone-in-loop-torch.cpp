@@ -242,3 +242,15 @@ void weightedSteps(torch::nn::Linear &model, const std::vector<torch::Tensor> &x
     opt.step();
   }
 }
+
+// A value computed by any out-of-place operator (`~m`, `a < b`) is as
+// invariant as its operands.
+void tuneRows(torch::nn::Embedding &emb, const torch::Tensor &has_vector, int64_t steps) {
+  torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  auto tune_rows = (~has_vector).to(torch::kFloat).unsqueeze(1);
+  for (int64_t s = 0; s < steps; ++s) {
+    auto row_mask = tune_rows.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:31: warning: 'to' of loop-invariant 'tune_rows' copies it to another device again on every iteration
+    emb->weight.grad().mul_(row_mask);
+  }
+}
