@@ -59,9 +59,10 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
   llvm::SmallVector<std::pair<const WriteEvent *, const AffectedHandle *>, 4> Found;
   llvm::DenseMap<const Expr *, unsigned> PerSite;
   for (const WriteEvent &W : R->Writes) {
-    if (!W.RootDecl || refusedAsExpanded(W, Ctx))
+    if (!W.RootDecl)
       continue;
-    if (const AffectedHandle *A = pick(W)) {
+    // The layout lookup last: only for a write about to be reported.
+    if (const AffectedHandle *A = pick(W); A && !refusedAsExpanded(W, Ctx)) {
       Found.push_back({&W, A});
       ++PerSite[A->FirstAlias.Site];
     }

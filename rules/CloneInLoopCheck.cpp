@@ -141,8 +141,8 @@ static bool copiesEachTime(const CXXMemberCallExpr *Call, const LayoutAnalysis *
 static std::string conversionText(const ConversionQuery *Q, const std::string &Each,
                                   const TensorFact *Fact) {
   std::string Assumed;
-  if (Q && Q->Assumed && Fact && !Fact->KindSource.empty())
-    Assumed = "; assuming " + Fact->KindSource + " is a float32 CPU tensor, as nearly all are";
+  if (Q && Q->Assumed && Fact && !Fact->KindSource.Text.empty())
+    Assumed = "; assuming " + Fact->KindSource.Text + " is a float32 CPU tensor, as nearly all are";
   if (Q && Q->Transfer)
     return " copies it to another device again on every iteration (a synchronising transfer" +
            Each + Assumed + "); ";

@@ -197,7 +197,7 @@ CopyNarrowingCheck::sourceDType(const Copy &C, const TensorFact &D, const Tensor
                            : std::optional(SourceDType{S.DType, false, "", Fact::DTypesKnown});
   const Expr *Base = baseOf(C.Src);
   if (!AssumeFloatSources || kindOf(D.DType) == Kind::Floating || !Base ||
-      StringRef(S.KindSource).starts_with("the result of"))
+      S.KindSource.CallResult)
     return std::nullopt;
   std::string Name = Lexer::getSourceText(CharSourceRange::getTokenRange(Base->getSourceRange()),
                                           *Result.SourceManager, Result.Context->getLangOpts())
@@ -208,12 +208,12 @@ CopyNarrowingCheck::sourceDType(const Copy &C, const TensorFact &D, const Tensor
     if (D.DType != "Char" && D.DType != "Short")
       return std::nullopt;
     return SourceDType{"Long", false,
-                       " (assuming " + S.KindSource +
+                       " (assuming " + S.KindSource.Text +
                            " holds int64 values, as integer data nearly always does)",
                        Fact::AssumedInt64};
   }
   return SourceDType{"Float", false,
-                     " (assuming " + S.KindSource + " is float32, as nearly all such tensors are)",
+                     " (assuming " + S.KindSource.Text + " is float32, as nearly all such tensors are)",
                      Fact::AssumedFloat32};
 }
 

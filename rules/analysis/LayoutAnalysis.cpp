@@ -209,7 +209,7 @@ TensorFact assumedInput(const void *Src, std::string Source, llvm::StringRef Nam
   F.Device = TensorFact::CPU;
   F.DTypeAssumed = F.DeviceAssumed = true;
   F.Assumed = true;
-  F.KindSource = Source;
+  F.KindSource.Text = Source;
   F.AssumedSource = std::move(Source);
   F.Src = Src;
   F.Root = Src;
@@ -236,7 +236,7 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
   R.IntegerNamed = A.IntegerNamed && B.IntegerNamed;
   R.DeviceAssumed = A.DeviceAssumed || B.DeviceAssumed;
   R.AssumedSource = A.AssumedSource.empty() ? B.AssumedSource : A.AssumedSource;
-  R.KindSource = A.KindSource.empty() ? B.KindSource : A.KindSource;
+  R.KindSource = A.KindSource.Text.empty() ? B.KindSource : A.KindSource;
   if (A.ElemSize == B.ElemSize)
     R.ElemSize = A.ElemSize;
   if (A.DType == B.DType)
@@ -714,8 +714,8 @@ TensorFact LayoutAnalysis::Impl::importFact(const TensorFact &F, const CallExpr 
   std::string In = " in '" + FD->getNameAsString() + "'";
   if (!R.AssumedSource.empty())
     R.AssumedSource += In;
-  if (!R.KindSource.empty())
-    R.KindSource += In;
+  if (!R.KindSource.Text.empty())
+    R.KindSource.Text += In;
   R.Src = Call;
   R.Root = nullptr;
   R.SliceDim = -1;

@@ -40,8 +40,16 @@ struct TensorFact {
   bool IntegerNamed = false;
   /// The input taken as contiguous, for messages: "'x'", "the result of 'l(x)'".
   std::string AssumedSource;
-  /// The input whose dtype / device are taken as float32 / CPU.
-  std::string KindSource;
+  /// The input whose dtype / device are taken as float32 / CPU: its words
+  /// for messages, and whether it is the result of a call the analysis does
+  /// not follow (not an input the function was given).
+  struct AssumedKind {
+    std::string Text;
+    bool CallResult = false;
+    bool operator==(const AssumedKind &O) const {
+      return Text == O.Text && CallResult == O.CallResult;
+    }
+  } KindSource;
   /// Sizes and strides, when the rank is known.
   std::optional<Shape> Sizes, Strides;
   /// Rank unknown but not 0: made with another tensor's sizes

@@ -107,7 +107,9 @@ public:
   std::string describe(const Expr *E) const;
   TensorFact onCertainCUDA(TensorFact F, const Expr *E);
   TensorFact assumedResult(const Expr *E) const {
-    return layout::assumedInput(E, "the result of '" + describe(E) + "'");
+    TensorFact F = layout::assumedInput(E, "the result of '" + describe(E) + "'");
+    F.KindSource.CallResult = true;
+    return F;
   }
 
   // Values.
