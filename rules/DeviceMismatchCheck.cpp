@@ -157,7 +157,9 @@ void DeviceMismatchCheck::check(const MatchFinder::MatchResult &Result) {
       return checkForward(Call, Obj, MC->getArg(0), Result);
   }
   // `model->infer(ids)`: a method of the user's module that runs its layers.
-  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call); MC && isUserLayerMethod(MC))
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+  if (MC && AnalysisManager::get(Model, *Result.Context).gradClasses().layerMethod(MC) !=
+                GradClassFacts::LayerMethod::No)
     for (const Expr *A : MC->arguments())
       if (Model.isTensorExpr(A))
         return checkForward(Call, moduleValue(MC->getImplicitObjectArgument()), A, Result);

@@ -83,7 +83,7 @@ LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
 
 const GradFacts *AnalysisManager::gradAt(const Stmt *S) {
   return cachedFor(S, Grads, [this](const FunctionDecl *FD) {
-    auto G = std::make_unique<GradFacts>(Model, Ctx, &frozen());
+    auto G = std::make_unique<GradFacts>(Model, Ctx, &frozen(), &GradClasses);
     InGrad.insert(FD);
     bool Off = gradOffAtEntry(FD);
     G->run(FD, Off, Off ? GradFacts::EntryFacts{} : gradOfParams(FD));

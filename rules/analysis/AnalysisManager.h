@@ -36,6 +36,9 @@ public:
   const GradFacts *gradAt(const Stmt *S);
   /// The device facts of the function or lambda enclosing S (null if none).
   DeviceFacts *devicesAt(const Stmt *S);
+  /// What the autograd facts read off the TU's classes (layer methods,
+  /// parameter and leaf fields), memoised for the whole TU.
+  GradClassFacts &gradClasses() { return GradClasses; }
 
 private:
   /// The analysis of S's function in Slots, made by Make(FD) on first use.
@@ -65,6 +68,7 @@ private:
   llvm::DenseSet<const FunctionDecl *> InEntryQuery;
   llvm::DenseSet<const FunctionDecl *> InGrad; // autograd facts being computed
   AliasAnalysis Alias;
+  GradClassFacts GradClasses;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<GradFacts>> Grads;

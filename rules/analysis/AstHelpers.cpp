@@ -155,8 +155,6 @@ const VarDecl *handleVar(const ValueDecl *D) {
 }
 
 bool isComputingOperator(const CXXOperatorCallExpr *OC) {
-  if (OC->getOperator() == OO_Star && OC->getNumArgs() == 1)
-    return false; // a dereference
   llvm::StringRef N = operatorOpName(OC);
   return !N.empty() && !N.ends_with("_");
 }
@@ -168,7 +166,7 @@ llvm::StringRef operatorOpName(const CXXOperatorCallExpr *OC) {
   case OO_Minus:
     return OC->getNumArgs() == 1 ? "neg" : "sub";
   case OO_Star:
-    return "mul";
+    return OC->getNumArgs() == 2 ? "mul" : ""; // unary: a dereference
   case OO_Slash:
     return "div";
   case OO_PlusEqual:

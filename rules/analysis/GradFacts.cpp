@@ -210,6 +210,20 @@ static bool returnsUnderNoGrad(const CXXMemberCallExpr *Call) {
   });
 }
 
+GradClassFacts::LayerMethod GradClassFacts::layerMethod(const CXXMemberCallExpr *Call) {
+  auto [It, New] = LayerMethods.try_emplace(Call->getMethodDecl(), LayerMethod::No);
+  if (New && isUserLayerMethod(Call))
+    It->second = returnsUnderNoGrad(Call) ? LayerMethod::LayerUnderNoGrad : LayerMethod::Layer;
+  return It->second;
+}
+
+bool GradClassFacts::parameterField(const FieldDecl *F) {
+  auto [It, New] = ParameterFields.try_emplace(F, false);
+  if (New)
+    It->second = isParameterField(F);
+  return It->second;
+}
+
 const Expr *passedTensor(const Expr *E, const TensorModel &Model) {
   if (Model.isTensorExpr(E))
     return E;
@@ -230,7 +244,6 @@ struct GradFacts::Impl {
   const TensorModel &Model;
   ASTContext &Ctx;
   bool Recording = false;
-  mutable llvm::DenseMap<const FieldDecl *, bool> ParamFields;
 
   void transfer(const Stmt *S, State &St);
   bool join(State &Into, const State &From);
@@ -259,35 +272,31 @@ struct GradFacts::Impl {
   }
   // Parameters of a module the file freezes may not require grad.
   bool frozen(const Expr *Owner) const { return G.Frozen && G.Frozen->covers(Owner); }
-  // A call of a user's layer method (memoised per method: it reads the body).
-  enum class LayerMethod { No, Layer, LayerUnderNoGrad };
-  mutable llvm::DenseMap<const CXXMethodDecl *, LayerMethod> LayerMethods;
-  LayerMethod layerMethod(const CXXMemberCallExpr *Call) const {
-    auto [It, New] = LayerMethods.try_emplace(Call->getMethodDecl(), LayerMethod::No);
-    if (New && isUserLayerMethod(Call))
-      It->second = returnsUnderNoGrad(Call) ? LayerMethod::LayerUnderNoGrad : LayerMethod::Layer;
-    return It->second;
+  GradClassFacts::LayerMethod layerMethod(const CXXMemberCallExpr *Call) const {
+    return G.Classes->layerMethod(Call);
   }
-  // A field its class only ever sets to leaves that require grad (`plan_ =
-  // torch::full(..., TensorOptions().requires_grad(true))`), as a parameter.
-  mutable llvm::DenseMap<const FieldDecl *, bool> LeafFields;
-  bool leafField(const FieldDecl *F) const {
-    if (LeafFields.try_emplace(F, false).second) {
-      auto Values = valuesOfField(F);
-      bool Leaf = !Values.empty() && llvm::all_of(Values, [&](const Expr *V) {
-        return eval(V, State()).Kind == GradKind::Leaf;
-      });
-      LeafFields[F] = Leaf; // eval may have grown the map
-    }
-    return LeafFields.lookup(F);
-  }
-  bool parameterField(const FieldDecl *F) const {
-    auto [It, New] = ParamFields.try_emplace(F, false);
-    if (New)
-      It->second = isParameterField(F);
-    return It->second;
-  }
+  bool parameterField(const FieldDecl *F) const { return G.Classes->parameterField(F); }
+  bool leafField(const FieldDecl *F) const;
 };
+
+// A field its class only ever sets to leaves that require grad (`plan_ =
+// torch::full(..., TensorOptions().requires_grad(true))`), as a parameter.
+// Its values are read as in their own methods, not in this function (grad
+// mode on, no guard of this body), so the answer is the same from every function.
+bool GradFacts::Impl::leafField(const FieldDecl *F) const {
+  auto &Memo = G.Classes->LeafFields;
+  if (auto It = Memo.find(F); It != Memo.end())
+    return It->second;
+  Memo[F] = false; // a value that reads the field itself
+  GradFacts Plain(Model, Ctx, G.Frozen, G.Classes);
+  Impl D(Plain);
+  auto Values = valuesOfField(F);
+  bool Leaf = !Values.empty() && llvm::all_of(Values, [&](const Expr *V) {
+    return D.eval(V, State()).Kind == GradKind::Leaf;
+  });
+  Memo[F] = Leaf; // eval may have grown the map
+  return Leaf;
+}
 
 bool GradFacts::Impl::tracked(const Expr *E) const {
   QualType T = E->getType();
@@ -411,8 +420,8 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
                : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
   // `decode(z)`, or `observe(obs)` returning a struct of tensors (`out.kl`).
   if (Model.isTensorExpr(Call) || Model.isTensorStruct(Call->getType()))
-    if (LayerMethod L = layerMethod(Call); L != LayerMethod::No)
-      return {G.gradEnabledAt(Call) && L == LayerMethod::Layer ? GradKind::NonLeaf : GradKind::NoGrad,
+    if (auto L = layerMethod(Call); L != GradClassFacts::LayerMethod::No)
+      return {G.gradEnabledAt(Call) && L == GradClassFacts::LayerMethod::Layer ? GradKind::NonLeaf : GradKind::NoGrad,
               Call};
   // Element access on a container of parameters: begin(), value(), at()...
   return eval(Obj, St);
@@ -560,8 +569,11 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
 
 // --- GradFacts -----------------------------------------------------------------------------
 
-GradFacts::GradFacts(const TensorModel &Model, ASTContext &Ctx, const FrozenParameters *Frozen)
-    : Model(Model), Ctx(Ctx), Frozen(Frozen) {}
+GradFacts::GradFacts(const TensorModel &Model, ASTContext &Ctx, const FrozenParameters *Frozen,
+                     GradClassFacts *Classes)
+    : Model(Model), Ctx(Ctx), Frozen(Frozen),
+      OwnClasses(Classes ? nullptr : std::make_unique<GradClassFacts>()),
+      Classes(Classes ? Classes : OwnClasses.get()) {}
 GradFacts::~GradFacts() = default;
 
 void GradFacts::run(const FunctionDecl *FD, bool OffAtEntry, EntryFacts Entry) {

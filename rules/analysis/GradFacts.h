@@ -32,8 +32,27 @@ bool isUserLayerMethod(const CXXMemberCallExpr *Call);
 /// parameter.
 bool isParameterField(const FieldDecl *F);
 
-
 class FrozenParameters;
+
+/// What the autograd facts read off the TU's classes: the same from every
+/// function, so memoised once per TU (AnalysisManager owns it) rather than
+/// once per function, which re-walked a class's methods for each.
+class GradClassFacts {
+public:
+  enum class LayerMethod : std::uint8_t { No, Layer, LayerUnderNoGrad };
+  /// isUserLayerMethod, and whether the method returns only under a no-grad
+  /// guard of its own (`encode_codes` for a prior's data).
+  LayerMethod layerMethod(const CXXMemberCallExpr *Call);
+  /// isParameterField.
+  bool parameterField(const FieldDecl *F);
+  /// Fields its class only ever sets to leaves that require grad; GradFacts
+  /// fills it, since deciding that evaluates the values.
+  llvm::DenseMap<const FieldDecl *, bool> LeafFields;
+
+private:
+  llvm::DenseMap<const FieldDecl *, bool> ParameterFields;
+  llvm::DenseMap<const CXXMethodDecl *, LayerMethod> LayerMethods;
+};
 
 enum class GradKind : std::uint8_t {
   Unknown,      // the code does not say
@@ -68,7 +87,9 @@ struct GradFact {
 class GradFacts {
 public:
   /// Frozen: the modules whose parameters the file freezes (none if null).
-  GradFacts(const TensorModel &Model, ASTContext &Ctx, const FrozenParameters *Frozen = nullptr);
+  /// Classes: the TU's memo (a private one if null).
+  GradFacts(const TensorModel &Model, ASTContext &Ctx, const FrozenParameters *Frozen = nullptr,
+            GradClassFacts *Classes = nullptr);
   ~GradFacts();
 
   /// Facts of FD's parameters at its entry (from its callers).
@@ -108,6 +129,8 @@ private:
   const TensorModel &Model;
   ASTContext &Ctx;
   const FrozenParameters *Frozen;
+  std::unique_ptr<GradClassFacts> OwnClasses;
+  GradClassFacts *Classes;
   llvm::DenseMap<const Expr *, GradFact> Facts;
   llvm::DenseSet<const Stmt *> NoGradStmts;
   bool GradOffAtEntry = false;
