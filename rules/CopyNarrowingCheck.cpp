@@ -231,7 +231,9 @@ void CopyNarrowingCheck::report(const Copy &C, const MatchFinder::MatchResult &R
   const std::string &Assumed = Src->Assumed;
   bool Floating = Src->Floating;
   std::string Lost = loss(SrcDT, D->DType);
-  if (Lost.empty() || !Reported.first(C.Loc))
+  // `(x * 1000).round()` into int32: no fraction to truncate.
+  bool NoFraction = S->WholeValues && kindOf(D->DType) == Kind::Integral;
+  if (Lost.empty() || NoFraction || !Reported.first(C.Loc))
     return;
   const SourceManager &SM = *Result.SourceManager;
   std::string Fix = fixText(C, SM, Ctx);

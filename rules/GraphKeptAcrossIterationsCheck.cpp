@@ -26,7 +26,8 @@ void GraphKeptAcrossIterationsCheck::registerMatchers(MatchFinder *Finder) {
                      this);
   Finder->addMatcher(
       cxxMemberCallExpr(callee(cxxMethodDecl(hasAnyName("push_back", "emplace_back", "push_front",
-                                                        "emplace_front", "add_", "sub_"))),
+                                                        "emplace_front", "add_", "sub_", "index_add_",
+                                                        "scatter_add_"))),
                         unless(isExpansionInSystemHeader()))
           .bind("call"),
       this);
@@ -113,11 +114,13 @@ std::optional<Accumulation> fromOperator(const CXXOperatorCallExpr *Op, const Te
 std::optional<Accumulation> fromMemberCall(const CXXMemberCallExpr *Call,
                                            const TensorModel &Model) {
   const Expr *Obj = stripHandle(Call->getImplicitObjectArgument());
-  if (!Obj || Call->getNumArgs() < 1)
+  StringRef Name = Call->getMethodDecl()->getName();
+  // `t.index_add_(0, idx, v)`, `t.scatter_add_(0, idx, v)`: v is what is added.
+  unsigned ValueArg = Name == "index_add_" || Name == "scatter_add_" ? 2 : 0;
+  if (!Obj || Call->getNumArgs() <= ValueArg)
     return std::nullopt;
-  const Expr *Arg = operandOf(Call->getArg(0), Model);
-  if (Model.isTensorExpr(Obj) && isa<DeclRefExpr, MemberExpr>(Obj) &&
-      StringRef(Call->getMethodDecl()->getName()).ends_with("_"))
+  const Expr *Arg = operandOf(Call->getArg(ValueArg), Model);
+  if (Model.isTensorExpr(Obj) && isa<DeclRefExpr, MemberExpr>(Obj) && Name.ends_with("_"))
     return Accumulation{Accumulation::AddInto, Call, Obj, Arg, nullptr};
   if (Call->getNumArgs() == 1 && isTensorContainer(Obj, Model) && Model.isTensorExpr(Arg))
     return Accumulation{Accumulation::Insert, Call, Obj, Arg, nullptr};

@@ -6,8 +6,8 @@ whether autograd records the op; and every TT_SAVES row (what an op saves for
 backward), plus the probed ops that are not listed (they must save nothing),
 by modifying the result or an input in place and running backward; and the
 TT_RESHAPES_SELF rows (in-place ops that change self's layout; other in-place
-ops must keep it); the TT_RESULT_DTYPE and TT_VALUES_INDICES rows (result
-dtypes). Exit 0 all agree, 1 a row disagrees or has
+ops must keep it); the TT_RESULT_DTYPE, TT_VALUES_INDICES and TT_WHOLE_RESULT rows (result
+dtypes, whole-number results). Exit 0 all agree, 1 a row disagrees or has
 no probe, 2 PyTorch is missing."""
 import pathlib
 import re
@@ -19,6 +19,7 @@ SAVES_ROW = re.compile(r"^TT_SAVES\((\w+),\s*(\w+)\)", re.M)
 RESHAPES_ROW = re.compile(r"^TT_RESHAPES_SELF\((\w+)\)", re.M)
 DTYPE_ROW = re.compile(r"^TT_RESULT_DTYPE\((\w+),\s*(\w+)\)", re.M)
 VALUES_INDICES_ROW = re.compile(r"^TT_VALUES_INDICES\((\w+)\)", re.M)
+WHOLE_ROW = re.compile(r"^TT_WHOLE_RESULT\((\w+)\)", re.M)
 
 
 def probes(torch, F):
@@ -55,7 +56,8 @@ def probes(torch, F):
         "cummin": lambda t: t.cummin(1)[0],
         "mish": F.mish, "nan_to_num": torch.nan_to_num, "normalize": lambda t: F.normalize(t, dim=-1),
         "reciprocal": torch.reciprocal, "relu6": F.relu6, "remainder": lambda t: t.remainder(2),
-        "round": torch.round, "rsqrt": lambda t: t.abs().rsqrt(), "selu": F.selu, "sign": torch.sign,
+        "round": torch.round, "trunc": torch.trunc,
+        "scatter": lambda t: t.scatter(-1, i64(*t.shape[:-1], 1), -2.0), "rsqrt": lambda t: t.abs().rsqrt(), "selu": F.selu, "sign": torch.sign,
         "silu": F.silu, "sin": torch.sin, "softplus": F.softplus, "softsign": F.softsign,
         "square": torch.square,
         "adaptive_avg_pool2d": lambda t: F.adaptive_avg_pool2d(t, 1), "amax": lambda t: t.amax(-1),
@@ -131,6 +133,7 @@ def saves_probes(torch, F):
         "leaky_relu": un(F.leaky_relu), "linear": bi(F.linear, (3, 6)), "log1p": un(torch.log1p),
         "log_sigmoid": un(F.logsigmoid), "log_softmax": un(lambda a: a.log_softmax(-1)),
         "logsumexp": un(lambda a: a.logsumexp(-1)), "mse_loss": bi(F.mse_loss),
+        "norm": un(lambda a: a.norm(2, -1, True)),
         "prod": un(lambda a: a.prod(-1)), "reciprocal": un(torch.reciprocal), "relu6": un(F.relu6),
         "rsqrt": un(torch.rsqrt), "silu": un(F.silu), "sin": un(torch.sin),
         "smooth_l1_loss": bi(F.smooth_l1_loss), "softmax": un(lambda a: a.softmax(-1)),
@@ -318,7 +321,13 @@ def result_dtype_disagreements(torch, F):
         if len(got) != 2 or (got[0].dtype, got[1].dtype) != (torch.float64, torch.long):
             problems.append("%s: ops.def says (values, indices), but PyTorch gives %s" % (
                 name, [t.dtype for t in got]))
-    return problems, len(rows) + len(pairs)
+    wholes = WHOLE_ROW.findall(text)
+    for name in wholes:
+        x = torch.randn(64, dtype=torch.float64) * 100
+        got = getattr(torch, name)(x)
+        if got.dtype != x.dtype or not torch.equal(got, got.trunc()):
+            problems.append("%s: ops.def says whole numbers, but PyTorch gives %s" % (name, got[:3]))
+    return problems, len(rows) + len(pairs) + len(wholes)
 
 
 def main():

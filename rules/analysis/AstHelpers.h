@@ -141,4 +141,8 @@ const Stmt *loopBody(const Stmt *Loop);
 /// whole line when it stands alone on it (for a fix-it that removes it).
 CharSourceRange wholeLines(SourceLocation Begin, SourceLocation Semi, const SourceManager &SM);
 
+/// Every value F's class gives F: its in-class initializer, its
+/// constructors' written initializers, and `F = v` in its methods.
+llvm::SmallVector<const Expr *, 4> valuesOfField(const FieldDecl *F);
+
 } // namespace clang::tidy::tensor

@@ -101,39 +101,6 @@ bool registersTrainable(const Stmt *S, ASTContext &Ctx) {
   return S && llvm::any_of(S->children(), [&](const Stmt *C) { return registersTrainable(C, Ctx); });
 }
 
-// The values assigned to F in S: `F = v`, of any object's F.
-void assignedValues(const Stmt *S, const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out) {
-  if (!S)
-    return;
-  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S))
-    if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
-      if (const auto *ME = dyn_cast<MemberExpr>(OC->getArg(0)->IgnoreParenImpCasts());
-          ME && ME->getMemberDecl() == F)
-        Out.push_back(OC->getArg(1));
-  for (const Stmt *Child : S->children())
-    assignedValues(Child, F, Out);
-}
-
-// Every value F's class gives F: its in-class initializer, its constructors'
-// written initializers, and `F = v` in its methods.
-llvm::SmallVector<const Expr *, 4> valuesOfField(const FieldDecl *F) {
-  llvm::SmallVector<const Expr *, 4> Out;
-  if (const Expr *Init = F->getInClassInitializer())
-    Out.push_back(Init);
-  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
-  if (!RD)
-    return Out;
-  for (const CXXMethodDecl *M : RD->methods())
-    if (const auto *Def = dyn_cast_or_null<CXXMethodDecl>(M->getDefinition())) {
-      if (const auto *C = dyn_cast<CXXConstructorDecl>(Def))
-        for (const CXXCtorInitializer *I : C->inits())
-          if (I->getMember() == F && I->isWritten())
-            Out.push_back(I->getInit());
-      assignedValues(Def->getBody(), F, Out);
-    }
-  return Out;
-}
-
 bool isRegisteredParameter(const FieldDecl *F) {
   return llvm::any_of(valuesOfField(F), [&](const Expr *V) {
     return registersTrainable(V, F->getASTContext());

@@ -24,7 +24,8 @@ bool TensorFact::operator==(const TensorFact &O) const {
          DeviceAssumed == O.DeviceAssumed && AssumedSource == O.AssumedSource &&
          KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
          HasDims == O.HasDims && ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
-         DeviceRuntime == O.DeviceRuntime && FloatingOp == O.FloatingOp && SwapA == O.SwapA &&
+         DeviceRuntime == O.DeviceRuntime && FloatingOp == O.FloatingOp &&
+         WholeValues == O.WholeValues && SwapA == O.SwapA &&
          SwapB == O.SwapB && UnitDims == O.UnitDims && MinChunks == O.MinChunks && Src == O.Src &&
          Origin == O.Origin && OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
          BroadcastAssumed == O.BroadcastAssumed && ExpandCall == O.ExpandCall && Root == O.Root &&
@@ -245,6 +246,7 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
     R.Device = A.Device;
   R.DeviceRuntime = A.DeviceRuntime || B.DeviceRuntime;
   R.FloatingOp = A.FloatingOp && B.FloatingOp;
+  R.WholeValues = A.WholeValues && B.WholeValues;
   R.HasDims = A.HasDims && B.HasDims;
   if (A.Sizes == B.Sizes && A.Strides == B.Strides) {
     R.Sizes = A.Sizes;
@@ -363,14 +365,13 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     const ValueDecl *Field = ME->getMemberDecl();
     TensorFact F = assumedInput(E, "member '" + Field->getNameAsString() + "'", Field->getName());
     if (const auto *FD = dyn_cast<FieldDecl>(Field))
-      if (DTypeName DT = assertedFieldDType(FD); DT.Size) {
+      if (DTypeName DT = fieldDType(FD); DT.Size) {
         F.DType = DT.Name;
         F.ElemSize = DT.Size;
         F.DTypeAssumed = false;
       }
-    // A member of this object is one storage wherever it is named.
-    if (isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
-      F.Src = F.Root = Field;
+    if (const void *Id = memberStorage(ME))
+      F.Src = F.Root = Id;
     // `out.logits` of `auto out = net->forward(x)`: on the module's input's device.
     if (const CallExpr *Module = structResultOf(ME))
       return onInputDevice(F, Model.tensorOperand(moduleInput(Module)), S);
@@ -381,6 +382,19 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   if (const auto *Call = dyn_cast<CallExpr>(E))
     return evalCall(Call, S);
   return unknownFact();
+}
+
+// A member of this object, or of a struct variable (`cache.conv` of
+// `InferenceCache &cache`), is one storage wherever it is named: its
+// identity, or null for other members.
+const void *LayoutAnalysis::Impl::memberStorage(const MemberExpr *ME) {
+  const Expr *Base = ME->getBase()->IgnoreParenImpCasts();
+  if (isa<CXXThisExpr>(Base))
+    return ME->getMemberDecl();
+  const auto *DRE = dyn_cast<DeclRefExpr>(Base);
+  if (!DRE || ME->isArrow())
+    return nullptr;
+  return MemberIds.try_emplace({DRE->getDecl(), ME->getMemberDecl()}, ME).first->second;
 }
 
 TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, State &S) {
@@ -1030,14 +1044,15 @@ DTypeName LayoutAnalysis::Impl::assertedDTypeIn(const Stmt *S, const FieldDecl *
   return {};
 }
 
-// A dtype every constructor of F's class asserts for F: the class's invariant
-// (`TORCH_CHECK(images_.scalar_type() == torch::kByte)` in a dataset's).
-DTypeName LayoutAnalysis::Impl::assertedFieldDType(const FieldDecl *F) {
+// F's dtype as its class keeps it: asserted by every constructor (the class's
+// invariant, `TORCH_CHECK(images_.scalar_type() == torch::kByte)` in a
+// dataset's), or else the one every value given F is made with (madeDType).
+DTypeName LayoutAnalysis::Impl::fieldDType(const FieldDecl *F) {
   if (auto It = FieldDTypes.find(F); It != FieldDTypes.end())
     return It->second;
   const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
   if (!RD || RD->ctors().empty())
-    return FieldDTypes[F] = DTypeName();
+    return FieldDTypes[F] = madeDType(F);
   DTypeName Found;
   bool All = true;
   for (const CXXConstructorDecl *C : RD->ctors()) {
@@ -1048,7 +1063,27 @@ DTypeName LayoutAnalysis::Impl::assertedFieldDType(const FieldDecl *F) {
     All = All && DT.Size && (!Found.Size || DT.Name == Found.Name);
     Found = DT;
   }
-  return FieldDTypes[F] = All ? Found : DTypeName();
+  return FieldDTypes[F] = All && Found.Size ? Found : madeDType(F);
+}
+
+// The dtype every value F's class gives F is made with, when each is a
+// factory naming one (`stats_ = torch::zeros({R, 5}, torch::kLong)`).
+DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) const {
+  DTypeName Found;
+  for (const Expr *V : valuesOfField(F)) {
+    const auto *Call = dyn_cast<CallExpr>(stripHandle(V));
+    const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+    const sem::OpInfo *Op = FD && FD->getIdentifier() && isTensorApi(FD)
+                                ? sem::lookup(Model.rowName(Call, FD->getName()))
+                                : nullptr;
+    DTypeName DT = Op && Op->storage == sem::Storage::Factory && Op->layout != sem::Layout::Same
+                       ? dtypeIn(Call)
+                       : DTypeName();
+    if (!DT.Size || (Found.Size && DT.Name != Found.Name))
+      return {};
+    Found = DT;
+  }
+  return Found;
 }
 
 // Facts an assertion establishes: the dtype of `x.scalar_type() == kX`,

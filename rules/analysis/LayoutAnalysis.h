@@ -69,6 +69,9 @@ struct TensorFact {
   /// Made by an op whose result is floating point whatever its input's dtype
   /// (softmax, exp, true division): floating even when DType is unknown.
   bool FloatingOp = false;
+  /// Holds whole numbers: made by round/floor/ceil/trunc (ops.def
+  /// TT_WHOLE_RESULT) or a rounding division, or a view or copy of such a value.
+  bool WholeValues = false;
   /// Unknown rank: the (normalised) dims a transpose swapped on a tensor taken
   /// as contiguous; -1 when none.
   int SwapA = -1, SwapB = -1;

@@ -95,7 +95,9 @@ public:
   std::optional<TensorFact> Returned;
   DeviceFacts *DeviceVars = nullptr; // what device variables hold (null: run-time values)
   FixedLocals Locals; // structResultOf's and the factories' locals
-  llvm::DenseMap<const FieldDecl *, layout::DTypeName> FieldDTypes; // assertedFieldDType's
+  llvm::DenseMap<const FieldDecl *, layout::DTypeName> FieldDTypes; // fieldDType's
+  // memberStorage's identities of `v.f`: the first such expression.
+  llvm::DenseMap<std::pair<const ValueDecl *, const ValueDecl *>, const MemberExpr *> MemberIds;
 
   const CallExpr *structResultOf(const MemberExpr *ME);
 
@@ -163,12 +165,14 @@ public:
   TensorFact byLayout(const OpCall &C);
 
   // Helpers of the handlers.
-  // What an op's result keeps of its input whatever the layout: dtype, device.
+  // What an op's result keeps of its input whatever the layout: dtype, device
+  // (and whole values, which an op that computes resets in resultDType).
   static void inheritKind(TensorFact &R, const TensorFact &Self) {
     R.ElemSize = Self.ElemSize;
     R.DType = Self.DType;
     R.DTypeAssumed = Self.DTypeAssumed;
     R.FloatingOp = Self.FloatingOp;
+    R.WholeValues = Self.WholeValues;
     inheritDevice(R, Self);
   }
   static void inheritDevice(TensorFact &R, const TensorFact &Self) {
@@ -222,7 +226,9 @@ public:
   void prescan(const Stmt *St);
   void assignTensor(const VarDecl *V, const Expr *Init, State &S);
   bool isAsserted(const Expr *E) const;
-  layout::DTypeName assertedFieldDType(const FieldDecl *F);
+  layout::DTypeName fieldDType(const FieldDecl *F);
+  layout::DTypeName madeDType(const FieldDecl *F) const;
+  const void *memberStorage(const MemberExpr *ME);
   layout::DTypeName assertedDTypeIn(const Stmt *S, const FieldDecl *F) const;
   void assertionFacts(const Expr *E, State &S);
   void transferCall(const CallExpr *Call, State &S);

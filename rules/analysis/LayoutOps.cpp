@@ -457,7 +457,10 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
   Q.NewSizes = NewShape;
   if (In.Sizes && NewShape) {
     Shape Sizes = withBatchOfOne(*In.Sizes, *NewShape);
-    Q.Result = computeStride(ST, Sizes, *In.Strides, *NewShape, NewStride);
+    // Element counts that differ say a size taken as generic is not (a
+    // Linear's out_features of 1 viewed away): the strides cannot tell.
+    if (ST.eq(ST.product(Sizes), ST.product(*NewShape)) != Cmp::NE)
+      Q.Result = computeStride(ST, Sizes, *In.Strides, *NewShape, NewStride);
     // Sizes the analysis cannot relate: the chunks still tell.
     if (Q.Result == ViewQuery::Unknown &&
         tooFewDimsForChunks(countChunks(ST, Sizes, *In.Strides), *NewShape))
@@ -1251,8 +1254,10 @@ static bool isFloatScalar(const Expr *A) {
 // mixed operands would decide.
 void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   sem::ResultDType Rule = sem::resultDType(C.Name);
-  // div with a rounding mode keeps integers.
-  bool Floating = Rule == sem::ResultDType::Floating && !(C.Name == "div" && C.arg(1));
+  // div with a rounding mode keeps integers, and gives whole numbers.
+  bool Rounding = C.Name == "div" && C.arg(1);
+  bool Floating = Rule == sem::ResultDType::Floating && !Rounding;
+  R.WholeValues = Rounding || sem::wholeResult(C.Name);
   // Floating for certain: made so by this op, or by one before it (x.softmax(1).mul(10)).
   bool KeepsFloating = C.Self.FloatingOp && Rule == sem::ResultDType::Self;
   auto Set = [&R, Floating, KeepsFloating](DTypeName D, bool Assumed) {

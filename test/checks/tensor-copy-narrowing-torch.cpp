@@ -176,3 +176,34 @@ void promptIds(const Tensor &prompt, int64_t total) {
   auto out = torch::zeros({1, total}, torch::kLong);
   out.narrow(1, 0, prompt.size(1)).copy_(prompt);
 }
+
+// round/floor/ceil/trunc (ops.def TT_WHOLE_RESULT) leave no fraction to
+// truncate, nor does a view of their result; an op after them may.
+void wholeNumbersIntoInt(const Tensor &est) {
+  auto out = torch::empty({est.size(0), 3}, torch::kInt);
+  out.copy_((est * 1000.0).round());
+  out.copy_(est.floor().select(1, 0));
+  out.copy_(est.div(2, "floor"));
+  out.copy_(est.round() * 0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts float32 to int32 (the destination's dtype): fractions are truncated toward zero (assuming 'est' is float32
+}
+
+// A member every value of which its class makes with one dtype has it.
+struct CountTable {
+  Tensor stats_;
+  Tensor scale_ = torch::ones({4});
+  void build(int64_t R) { stats_ = torch::zeros({R, 5}, torch::kLong); }
+  void average(const Tensor &n) {
+    stats_.select(1, 3).copy_(n / stats_.select(1, 1).clamp_min(1).to(torch::kFloat));
+    // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: copy_ silently converts floating-point to int64 (the destination's dtype)
+    scale_.copy_(n.softmax(0));
+  }
+};
+
+// One value of another dtype (zeros_like: its input's) and the member's is unknown.
+struct ResetTable {
+  Tensor stats_;
+  void build(int64_t R) { stats_ = torch::zeros({R, 5}, torch::kLong); }
+  void reset(const Tensor &like) { stats_ = torch::zeros_like(like); }
+  void average(const Tensor &n) { stats_.select(1, 3).copy_(n.softmax(0)); }
+};

@@ -317,3 +317,19 @@ void collect(std::vector<Adapter> &adapters, torch::nn::Linear &net) {
     zeros.push_back((p == 0).sum());
   torch::optim::SGD opt(trainable, 0.1);
 }
+
+// index_add_ / scatter_add_ add their source: a per-class loss table fed the
+// per-sample losses keeps every batch's graph; counts of ones keep none.
+void perClassLoss(Net &net, const std::vector<torch::Tensor> &xs,
+                  const std::vector<torch::Tensor> &ys, int64_t classes) {
+  auto loss_sum = torch::zeros({classes});
+  auto seen = torch::zeros({classes});
+  for (size_t i = 0; i < xs.size(); ++i) {
+    auto per = net->forward(xs[i]).pow(2).mean(1);
+    loss_sum.index_add_(0, ys[i], per);
+    // CHECK-MESSAGES: :[[@LINE-1]]:14: warning: 'per' requires grad and is accumulated into 'loss_sum'
+    // CHECK-FIXES: {{^}}    loss_sum.index_add_(0, ys[i], per.detach());{{$}}
+    seen.index_add_(0, ys[i], torch::ones({ys[i].size(0)}));
+  }
+  std::cout << loss_sum / seen << "\n";
+}

@@ -40,6 +40,15 @@ struct Res : torch::nn::Module {
 
 // ===== positives ============================================================
 
+// norm saves its input and its result (TT_SAVES SelfResult): dividing the
+// embedding by its own norm in place breaks backward.
+void unitLookups(torch::nn::Embedding &ent, const Tensor &ids) {
+  auto h = ent(ids);
+  h.div_(h.norm(2, -1, true));
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'div_' on 'h', which 'norm' saved for backward (its input): backward() raises
+  h.sum().backward();
+}
+
 void reluThenBias(Res &m, const Tensor &x, const Tensor &b, const Tensor &y) {
   auto h = torch::relu(m.fc1(x));
   h.add_(b);

@@ -103,3 +103,15 @@ void others(const Tensor &a, const Tensor &b) {
 void maskedScatterDoesNotCheck(Tensor &x) { x.masked_scatter_(x > 0, x.t()); }
 
 void rolled(Tensor &f) { f = torch::roll(f, -1, 0); }
+
+// A member of a struct variable is one storage wherever it is named: the
+// shift inside the cache's window overlaps; two caches' windows are apart.
+struct ConvCache {
+  Tensor conv;
+};
+void shiftWindow(ConvCache &cache, const ConvCache &other) {
+  const auto K = cache.conv.size(0);
+  cache.conv.narrow(0, 0, K - 1).copy_(cache.conv.narrow(0, 1, K - 1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:34: error: in-place 'copy_' reads a tensor that partially overlaps
+  cache.conv.narrow(0, 0, K - 1).copy_(other.conv.narrow(0, 1, K - 1));
+}

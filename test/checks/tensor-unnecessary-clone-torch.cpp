@@ -166,3 +166,12 @@ torch::Tensor normalizedChain(const torch::Tensor &obs, const torch::Tensor &mea
   x.sub_(mean).div_(2).clamp_(-5.0, 5.0);
   return x;
 }
+
+// scatter_ has its out-of-place twin (ops.def: scatter): masking the probe
+// words' own similarity out of a copy is one pass.
+torch::Tensor nearestOthers(const torch::Tensor &sims, const torch::Tensor &ids, int64_t k) {
+  auto scores = sims.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:22: warning: 'clone' copies 'sims', then 'scatter_' rewrites the copy in place at once{{.*}}use 'sims.scatter(1, ids.unsqueeze(1), -2.0)' [tensor-unnecessary-clone]
+  scores.scatter_(1, ids.unsqueeze(1), -2.0);
+  return std::get<1>(scores.topk(k, 1));
+}

@@ -231,3 +231,21 @@ torch::Tensor tokensOfBatch(const torch::Tensor &x) {
   return x.permute({0, 2, 3, 1}).view({-1, x.size(1)});
   // CHECK-MESSAGES: :[[@LINE-1]]:34: warning: 'view' on the non-contiguous result of 'permute' throws at run time unless the dimensions it merges have size 1
 }
+
+// Element counts that differ ([B*N, s] viewed as [B, N]) say a size taken as
+// generic is 1 (a Linear's out_features): the layout decides nothing, and a
+// contiguous input is viewable anyway.
+torch::Tensor confidences(const torch::Tensor &fs, torch::nn::Linear score) {
+  const auto B = fs.size(0), N = fs.size(2), D = fs.size(1);
+  auto rows = fs.transpose(1, 2).reshape({B * N, D});
+  auto conf = torch::sigmoid(score(rows)).view({B, N});
+  return conf + score(rows).view({B, N, 1}).squeeze(-1);
+}
+
+// Counts that differ do not hide the chunks: after the transpose [B, T, H,
+// Dh] is four runs, which three new dims cannot cover, whatever d_model is.
+torch::Tensor mergeHeads(int64_t B, int64_t H, int64_t T, int64_t Dh, int64_t d_model) {
+  auto attn = torch::randn({B, H, T, Dh});
+  return attn.transpose(1, 2).view({B, T, d_model});
+  // CHECK-MESSAGES: :[[@LINE-1]]:31: error: 'view' on the non-contiguous result of 'transpose' throws at run time unless
+}

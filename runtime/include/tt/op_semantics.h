@@ -167,6 +167,17 @@ constexpr bool returnsValuesIndices(std::string_view name) {
   return inList(kValuesIndices, name);
 }
 
+// ops.def's TT_WHOLE_RESULT section: ops whose result holds whole numbers.
+inline constexpr std::string_view kWholeResults[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_WHOLE_RESULT(Name) #Name,
+#include "tt/ops.def"
+#undef TT_WHOLE_RESULT
+#undef TT_OP
+};
+
+constexpr bool wholeResult(std::string_view name) { return inList(kWholeResults, name); }
+
 // Every method whose name ends in '_' (but not "__") writes self in place, by
 // the PyTorch naming convention, even when it is not in the table.
 constexpr bool isInPlaceName(std::string_view name) {
