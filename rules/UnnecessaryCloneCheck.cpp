@@ -2,6 +2,7 @@
 
 #include "CloneInLoopCheck.h"
 #include "analysis/Finding.h"
+#include "analysis/SavedSearch.h"
 
 #include "clang/AST/ExprCXX.h"
 #include "clang/AST/ParentMapContext.h"
@@ -292,14 +293,16 @@ void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *F
 
 void UnnecessaryCloneCheck::reportUnneeded(const CloneDecl &C, ASTContext &Ctx) {
   const Expr *Src = C.Call->getImplicitObjectArgument();
-  const ValueDecl *Named = namedSource(Src);
+  // A view of a named tensor (`p.select(2, 2)`) holds p's storage: p decides.
+  const Expr *Root = viewRoot(Src, Model);
+  const ValueDecl *Named = namedSource(Root);
   LoopAnalysis *LA = AnalysisManager::get(Model, Ctx).loopsAt(C.Call);
   DynTypedNodeList Bs = Ctx.getParents(*C.DS);
   const Stmt *Block = Bs.empty() ? nullptr : Bs[0].get<CompoundStmt>();
   if (!Named || !LA || !Block)
     return;
   LoopAnalysis::Use U = LA->usesOfTemporary(C.Call, Block);
-  if (U.Escapes || U.Written || LA->mayChangeIn(Src, C.Rest))
+  if (U.Escapes || U.Written || LA->mayChangeIn(Root, C.Rest))
     return;
   const ValueDecl *Vars[] = {C.V, Named};
   if (identityUsed(C.Rest, Vars))

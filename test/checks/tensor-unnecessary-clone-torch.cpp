@@ -175,3 +175,16 @@ torch::Tensor nearestOthers(const torch::Tensor &sims, const torch::Tensor &ids,
   scores.scatter_(1, ids.unsqueeze(1), -2.0);
   return std::get<1>(scores.topk(k, 1));
 }
+
+// A view of a named tensor holds its storage: the copy of one column is for
+// nothing while the tensor is only read, and needed once it is written.
+torch::Tensor meanHeading(const torch::Tensor &particles) {
+  auto theta = particles.select(2, 2).clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:39: warning: 'clone' copies 'particles.select(2, 2)' for nothing
+  return torch::atan2(torch::sin(theta).sum(1), torch::cos(theta).sum(1));
+}
+torch::Tensor headingBeforeTurn(torch::Tensor &particles) {
+  auto theta = particles.select(2, 2).clone();
+  particles.select(2, 2).add_(0.1);
+  return torch::sin(theta).sum(1);
+}
