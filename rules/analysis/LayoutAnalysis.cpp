@@ -362,6 +362,9 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   if (const auto *ME = dyn_cast<MemberExpr>(E)) {
     if (!Model.isTensorExpr(E))
       return unknownFact();
+    if (const FieldDecl *Own = thisMember(ME))
+      if (auto It = S.M.find(Own); It != S.M.end())
+        return It->second;
     const ValueDecl *Field = ME->getMemberDecl();
     TensorFact F = assumedInput(E, "member '" + Field->getNameAsString() + "'", Field->getName());
     if (const auto *FD = dyn_cast<FieldDecl>(Field))
@@ -382,6 +385,22 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   if (const auto *Call = dyn_cast<CallExpr>(E))
     return evalCall(Call, S);
   return unknownFact();
+}
+
+// The tensor member of `this` that E names (`particles_`, `this->h_`).
+const FieldDecl *LayoutAnalysis::Impl::thisMember(const Expr *E) const {
+  const auto *ME = dyn_cast_or_null<MemberExpr>(E ? stripHandle(E) : nullptr);
+  if (!ME || !isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
+    return nullptr;
+  const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
+  return F && Model.isTensorType(F->getType()) ? F : nullptr;
+}
+
+// A call that may assign members of `this`: anything but tensor library
+// code and the standard library (a method of the class, a helper given *this).
+bool LayoutAnalysis::Impl::mayAssignMembers(const CallExpr *Call) const {
+  const FunctionDecl *FD = Call->getDirectCallee();
+  return !FD || !(isTensorLibraryCode(FD) || FD->isInStdNamespace());
 }
 
 // A member of this object, or of a struct variable (`cache.conv` of
@@ -888,6 +907,16 @@ bool LayoutAnalysis::Impl::join(State &Into, const State &From) {
   for (const VarDecl *V : Drop)
     Into.T.erase(V);
   Drop.clear();
+  llvm::SmallVector<const FieldDecl *, 4> DropM;
+  for (auto &[F, Fact] : Into.M) {
+    auto It = From.M.find(F);
+    if (It == From.M.end())
+      DropM.push_back(F);
+    else
+      Fact = layout::join(Fact, It->second);
+  }
+  for (const FieldDecl *F : DropM)
+    Into.M.erase(F);
   for (auto &[V, M] : Into.I) {
     auto It = From.I.find(V);
     if (It == From.I.end() || It->second != M)
@@ -1132,7 +1161,14 @@ void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
       assignTensor(V, OC->getArg(1), S);
       return;
     }
+    if (const FieldDecl *F = thisMember(OC->getArg(0))) {
+      TensorFact V = evalTensor(OC->getArg(1), S);
+      S.M[F] = V;
+      return;
+    }
   }
+  if (mayAssignMembers(Call))
+    S.M.clear();
   const FunctionDecl *FD = Call->getDirectCallee();
   // In-place ops that change the layout (TT_RESHAPES_SELF: t_, resize_,
   // set_...) and swap: forget the handle.
@@ -1143,6 +1179,9 @@ void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
       if ((sem::isInPlaceName(N) && !sem::inPlaceKeepsLayout(N)) || N == "swap")
         S.T.erase(V);
     }
+    if (const FieldDecl *F = thisMember(MC->getImplicitObjectArgument()); F && FD &&
+        FD->getIdentifier() && !sem::inPlaceKeepsLayout(FD->getName()))
+      S.M.erase(F);
   }
   forgetWrittenArgs(Call, S);
 }
@@ -1176,11 +1215,14 @@ void LayoutAnalysis::Impl::forgetWrittenArgs(const CallExpr *Call, State &S) {
   for (unsigned I = Shift; I < Call->getNumArgs() && I - Shift < FD->getNumParams(); ++I) {
     const VarDecl *V = varOf(Call->getArg(I));
     QualType PT = FD->getParamDecl(I - Shift)->getType();
-    if (V && PT->isReferenceType() &&
-        (!PT->getPointeeType().isConstQualified() || PT->isRValueReferenceType())) {
+    bool Writable = PT->isReferenceType() &&
+                    (!PT->getPointeeType().isConstQualified() || PT->isRValueReferenceType());
+    if (V && Writable) {
       S.T.erase(V);
       S.I.erase(V);
     }
+    if (const FieldDecl *F = thisMember(Call->getArg(I)); F && Writable)
+      S.M.erase(F);
   }
 }
 

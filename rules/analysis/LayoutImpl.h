@@ -34,8 +34,11 @@ std::optional<std::int64_t> normDim(std::optional<std::int64_t> D, size_t Rank);
 struct LayoutAnalysis::State {
   llvm::DenseMap<const VarDecl *, TensorFact> T;
   llvm::DenseMap<const VarDecl *, Mono> I;
+  /// Members of `this` the body assigned (`particles_ = x.expand(...)`), until
+  /// a call that may assign them again.
+  llvm::DenseMap<const FieldDecl *, TensorFact> M;
 
-  bool operator==(const State &O) const { return T == O.T && I == O.I; }
+  bool operator==(const State &O) const { return T == O.T && I == O.I && M == O.M; }
 };
 
 /// A tensor op call being evaluated: its name, table row, self and arguments.
@@ -229,6 +232,8 @@ public:
   layout::DTypeName fieldDType(const FieldDecl *F);
   layout::DTypeName madeDType(const FieldDecl *F) const;
   const void *memberStorage(const MemberExpr *ME);
+  const FieldDecl *thisMember(const Expr *E) const;
+  bool mayAssignMembers(const CallExpr *Call) const;
   layout::DTypeName assertedDTypeIn(const Stmt *S, const FieldDecl *F) const;
   void assertionFacts(const Expr *E, State &S);
   void transferCall(const CallExpr *Call, State &S);

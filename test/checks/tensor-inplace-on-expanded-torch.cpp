@@ -118,3 +118,24 @@ Tensor actionPlane(const Tensor &state, const Tensor &action) {
   // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'div_' on a tensor expanded by 'expand' throws at run time: its elements along a stride-0 dimension share one memory location ('unsupported operation: more than one element of the written-to tensor refers to a single memory location. Please clone() the tensor before performing the operation.'); assuming 'expand' broadcasts a dimension to a size > 1, as nearly all do [tensor-inplace-on-expanded]
   return torch::cat({state, plane}, 1);
 }
+
+// A member assigned in the body is followed until a call that may assign it
+// again (a method of the class): the cloud of copies of one pose is written.
+struct ParticleCloud {
+  torch::Tensor particles_;
+  ParticleCloud(const torch::Tensor &init, int64_t B, int64_t N) {
+    particles_ = init.unsqueeze(1).expand({B, N, 3});
+    particles_.add_(torch::randn({B, N, 3}) * 0.1);
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: in-place 'add_' on a tensor expanded by 'expand' throws at run time
+  }
+  void reset(const torch::Tensor &init, int64_t B, int64_t N) {
+    particles_ = init.unsqueeze(1).expand({B, N, 3}).clone();
+    particles_.add_(torch::randn({B, N, 3}) * 0.1);
+  }
+  void regrow(const torch::Tensor &init, int64_t B, int64_t N) {
+    particles_ = init.unsqueeze(1).expand({B, N, 3});
+    own();
+    particles_.add_(torch::randn({B, N, 3}) * 0.1);
+  }
+  void own() { particles_ = particles_.contiguous(); }
+};
