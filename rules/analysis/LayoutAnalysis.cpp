@@ -894,29 +894,27 @@ std::optional<Shape> LayoutAnalysis::Impl::inferShape(const ShapeArg &A, const T
 // Flow
 //===----------------------------------------------------------------------===//
 
-bool LayoutAnalysis::Impl::join(State &Into, const State &From) {
-  State Old = Into;
-  llvm::SmallVector<const VarDecl *, 8> Drop;
-  for (auto &[V, F] : Into.T) {
-    auto It = From.T.find(V);
-    if (It == From.T.end())
-      Drop.push_back(V);
+// Facts of the keys both paths have, joined; the others dropped.
+template <typename Key>
+static void joinFacts(llvm::DenseMap<Key, TensorFact> &Into,
+                      const llvm::DenseMap<Key, TensorFact> &From) {
+  llvm::SmallVector<Key, 8> Drop;
+  for (auto &[K, F] : Into) {
+    auto It = From.find(K);
+    if (It == From.end())
+      Drop.push_back(K);
     else
       F = layout::join(F, It->second);
   }
-  for (const VarDecl *V : Drop)
-    Into.T.erase(V);
-  Drop.clear();
-  llvm::SmallVector<const FieldDecl *, 4> DropM;
-  for (auto &[F, Fact] : Into.M) {
-    auto It = From.M.find(F);
-    if (It == From.M.end())
-      DropM.push_back(F);
-    else
-      Fact = layout::join(Fact, It->second);
-  }
-  for (const FieldDecl *F : DropM)
-    Into.M.erase(F);
+  for (Key K : Drop)
+    Into.erase(K);
+}
+
+bool LayoutAnalysis::Impl::join(State &Into, const State &From) {
+  State Old = Into;
+  joinFacts(Into.T, From.T);
+  joinFacts(Into.M, From.M);
+  llvm::SmallVector<const VarDecl *, 8> Drop;
   for (auto &[V, M] : Into.I) {
     auto It = From.I.find(V);
     if (It == From.I.end() || It->second != M)
