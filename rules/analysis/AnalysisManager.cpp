@@ -69,6 +69,7 @@ std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *
     return R;
   });
   L->setDeviceVars(devicesAt(FD->getBody()));
+  L->setClassFacts(&LayoutClasses);
   InLayout.insert(FD);
   L->run(FD);
   InLayout.erase(FD);

@@ -69,6 +69,7 @@ private:
   llvm::DenseSet<const FunctionDecl *> InGrad; // autograd facts being computed
   AliasAnalysis Alias;
   GradClassFacts GradClasses;
+  LayoutClassFacts LayoutClasses;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<GradFacts>> Grads;

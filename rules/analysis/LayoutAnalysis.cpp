@@ -1075,6 +1075,7 @@ DTypeName LayoutAnalysis::Impl::assertedDTypeIn(const Stmt *S, const FieldDecl *
 // invariant, `TORCH_CHECK(images_.scalar_type() == torch::kByte)` in a
 // dataset's), or else the one every value given F is made with (madeDType).
 DTypeName LayoutAnalysis::Impl::fieldDType(const FieldDecl *F) {
+  auto &FieldDTypes = classes().FieldDTypes;
   if (auto It = FieldDTypes.find(F); It != FieldDTypes.end())
     return It->second;
   const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
@@ -1260,6 +1261,7 @@ LayoutAnalysis::~LayoutAnalysis() = default;
 void LayoutAnalysis::run(const FunctionDecl *FD) { P->run(FD); }
 void LayoutAnalysis::setCallees(CalleeFn F) { P->Callees = std::move(F); }
 void LayoutAnalysis::setDeviceVars(DeviceFacts *D) { P->DeviceVars = D; }
+void LayoutAnalysis::setClassFacts(LayoutClassFacts *C) { P->Classes = C; }
 const std::optional<TensorFact> &LayoutAnalysis::returnFact() const { return P->Returned; }
 
 const TensorFact *LayoutAnalysis::factOf(const Expr *E) const {

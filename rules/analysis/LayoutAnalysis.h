@@ -146,6 +146,21 @@ struct ConversionQuery {
   bool Transfer = false;
 };
 
+namespace layout {
+/// A dtype's name ("Float", "Long"...) and element size; Size 0: unknown.
+struct DTypeName {
+  llvm::StringRef Name;
+  unsigned Size = 0;
+};
+} // namespace layout
+
+/// What the layout facts read off the TU's classes (a member's dtype as its
+/// class keeps it): the same from every function, so memoised once per TU
+/// (AnalysisManager owns it) rather than once per function.
+struct LayoutClassFacts {
+  llvm::DenseMap<const FieldDecl *, layout::DTypeName> FieldDTypes;
+};
+
 class LayoutAnalysis {
 public:
   LayoutAnalysis(const TensorModel &Model, ASTContext &Ctx);
@@ -159,6 +174,8 @@ public:
   /// (`torch::Device device(torch::kCUDA)`); without them such a device is a
   /// run-time value.
   void setDeviceVars(DeviceFacts *D);
+  /// The TU's memo of class facts (a private one when not set).
+  void setClassFacts(LayoutClassFacts *C);
 
   /// Analyses the body of a function (or a lambda's call operator).
   void run(const FunctionDecl *FD);

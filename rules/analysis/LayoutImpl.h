@@ -15,10 +15,6 @@ namespace layout {
 bool isIntExpr(const Expr *X);
 bool intList(const Expr *E, llvm::SmallVectorImpl<const Expr *> &Out);
 std::optional<std::int64_t> constInt(const Expr *E, const ASTContext &Ctx);
-struct DTypeName {
-  llvm::StringRef Name;
-  unsigned Size = 0;
-};
 DTypeName dtypeNamed(llvm::StringRef N);
 DTypeName dtypeIn(const Stmt *S);
 TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime = nullptr,
@@ -98,13 +94,15 @@ public:
   std::optional<TensorFact> Returned;
   DeviceFacts *DeviceVars = nullptr; // what device variables hold (null: run-time values)
   FixedLocals Locals; // structResultOf's and the factories' locals
-  llvm::DenseMap<const FieldDecl *, layout::DTypeName> FieldDTypes; // fieldDType's
+  LayoutClassFacts *Classes = nullptr; // the TU's memo (OwnClasses when none is set)
+  LayoutClassFacts OwnClasses;
   // memberStorage's identities of `v.f`: the first such expression.
   llvm::DenseMap<std::pair<const ValueDecl *, const ValueDecl *>, const MemberExpr *> MemberIds;
 
   const CallExpr *structResultOf(const MemberExpr *ME);
 
   DeviceFacts *deviceVars() const { return DeviceVars; }
+  LayoutClassFacts &classes() { return Classes ? *Classes : OwnClasses; }
 
   std::optional<std::int64_t> argInt(const OpCall &C, size_t I) const {
     return layout::constInt(C.arg(I), Ctx);
