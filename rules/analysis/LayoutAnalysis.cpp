@@ -389,10 +389,7 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
 
 // The tensor member of `this` that E names (`particles_`, `this->h_`).
 const FieldDecl *LayoutAnalysis::Impl::thisMember(const Expr *E) const {
-  const auto *ME = dyn_cast_or_null<MemberExpr>(E ? stripHandle(E) : nullptr);
-  if (!ME || !isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()))
-    return nullptr;
-  const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
+  const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(E ? stripHandle(E) : nullptr));
   return F && Model.isTensorType(F->getType()) ? F : nullptr;
 }
 
