@@ -55,8 +55,8 @@ const ValueDecl *nameOf(const Expr *E) {
 // text when it is CUDA, "" otherwise.
 class MoveFinder : public RecursiveASTVisitor<MoveFinder> {
 public:
-  MoveFinder(const ValueDecl *Module, const Stmt *Use, ASTContext &Ctx)
-      : Module(Module), Use(Use), Ctx(Ctx) {}
+  MoveFinder(const ValueDecl *Module, const Stmt *Use, ASTContext &Ctx, DeviceFacts *Devices)
+      : Module(Module), Use(Use), Ctx(Ctx), Devices(Devices) {}
   std::string Device;
 
   bool VisitCXXMemberCallExpr(CXXMemberCallExpr *MC) {
@@ -82,7 +82,8 @@ public:
   }
 
 private:
-  static TensorFact::DeviceKind layoutDevice(const Expr *A, bool &Runtime);
+  // `to(device)` with `torch::Device device(torch::kCUDA)`: the variable's values.
+  TensorFact::DeviceKind layoutDevice(const Expr *A, bool &Runtime);
   // Always runs before Use: its statement is in a block enclosing Use.
   bool dominates(const Stmt *S) {
     const Stmt *Cur = S;
@@ -114,6 +115,7 @@ private:
   const ValueDecl *Module;
   const Stmt *Use;
   ASTContext &Ctx;
+  DeviceFacts *Devices;
 };
 
 } // namespace
@@ -125,7 +127,7 @@ private:
 namespace clang::tidy::tensor {
 
 TensorFact::DeviceKind MoveFinder::layoutDevice(const Expr *A, bool &Runtime) {
-  return layout::deviceOf(A, &Runtime);
+  return layout::deviceOf(A, &Runtime, Devices);
 }
 
 DeviceMismatchCheck::DeviceMismatchCheck(StringRef Name, ClangTidyContext *Context)
@@ -219,7 +221,8 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
   const TensorFact *F = LA ? LA->factOf(Input) : nullptr;
   if (!Module || !Fn || !Fn->getBody() || !F || !known(*F, TensorFact::CPU))
     return;
-  MoveFinder Moves(Module, Call, *Result.Context);
+  MoveFinder Moves(Module, Call, *Result.Context,
+                   AnalysisManager::get(Model, *Result.Context).devicesAt(Call));
   Moves.TraverseStmt(Fn->getBody());
   if (Moves.Device.empty())
     return;

@@ -142,8 +142,9 @@ std::optional<FixItHint> detachFix(const Expr *V, ASTContext &Ctx) {
   std::string Text = textOf(V, Ctx);
   if (Text.empty())
     return std::nullopt;
-  const auto *Op = dyn_cast<CXXOperatorCallExpr>(V);
-  bool Postfix = isa<DeclRefExpr, MemberExpr, CallExpr, ParenExpr, ArraySubscriptExpr>(V) &&
+  const Expr *X = V->IgnoreImplicit(); // the temporaries around `c ? a : b`
+  const auto *Op = dyn_cast<CXXOperatorCallExpr>(X);
+  bool Postfix = isa<DeclRefExpr, MemberExpr, CallExpr, ParenExpr, ArraySubscriptExpr>(X) &&
                  (!Op || Op->getOperator() == OO_Call || Op->getOperator() == OO_Subscript);
   return FixItHint::CreateReplacement(V->getSourceRange(),
                                       Postfix ? Text + ".detach()" : "(" + Text + ").detach()");

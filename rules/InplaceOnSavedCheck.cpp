@@ -49,7 +49,7 @@ void InplaceOnSavedCheck::check(const MatchFinder::MatchResult &Result) {
     return;
   const auto [Write, Target, FD, G] = *GW;
   ASTContext &Ctx = *Result.Context;
-  const auto *Root = dyn_cast<DeclRefExpr>(stripHandle(viewRoot(Target, Model)));
+  const auto *Root = dyn_cast<DeclRefExpr>(stripHandle(Model.viewRoot(Target)));
   if (!Root || !G->cfg() || G->factOf(Target).isGradLeafOrView())
     return; // a leaf: tensor-inplace-on-leaf
   AnalysisManager &AM = AnalysisManager::get(Model, Ctx);

@@ -2,7 +2,6 @@
 
 #include "CloneInLoopCheck.h"
 #include "analysis/Finding.h"
-#include "analysis/SavedSearch.h"
 
 #include "clang/AST/ExprCXX.h"
 #include "clang/AST/ParentMapContext.h"
@@ -294,7 +293,7 @@ void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *F
 void UnnecessaryCloneCheck::reportUnneeded(const CloneDecl &C, ASTContext &Ctx) {
   const Expr *Src = C.Call->getImplicitObjectArgument();
   // A view of a named tensor (`p.select(2, 2)`) holds p's storage: p decides.
-  const Expr *Root = viewRoot(Src, Model);
+  const Expr *Root = Model.viewRoot(Src);
   const ValueDecl *Named = namedSource(Root);
   LoopAnalysis *LA = AnalysisManager::get(Model, Ctx).loopsAt(C.Call);
   DynTypedNodeList Bs = Ctx.getParents(*C.DS);

@@ -13,7 +13,9 @@ import sys
 import traceback
 
 FACT_RE = re.compile(r"//\s*FACT:\s*(.+)$")
-ANNOT_RE = re.compile(r"//\s*(EXPECT|LOOKALIKE):\s*([a-z\-, ]+?)(\s+--.*)?$")
+# One line may carry an EXPECT and a LOOKALIKE (of other checks), each with its own "-- why".
+ANNOT_RE = re.compile(r"//\s*(EXPECT|LOOKALIKE):\s*([a-z\-, ]+?)"
+                      r"(?=\s+--|\s*//\s*(?:EXPECT|LOOKALIKE):|\s*$)")
 # Checks whose annotations must be backed by a FACT (the layout/alias ones).
 NEEDS_FACT = {"tensor-alias-then-mutate", "tensor-reshape-non-contiguous",
               "tensor-inplace-on-expanded", "tensor-inplace-overlap",
@@ -85,8 +87,7 @@ def scan(path):
         if m:
             facts.append((no, m.group(1).strip()))
             continue
-        m = ANNOT_RE.search(text)
-        if m:
+        for m in ANNOT_RE.finditer(text):
             checks = [c.strip() for c in m.group(2).split(",") if c.strip()]
             annots.append((no, m.group(1), checks))
     return facts, annots

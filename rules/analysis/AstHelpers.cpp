@@ -29,6 +29,16 @@ const Expr *stripHandle(const Expr *E) {
   return E;
 }
 
+llvm::SmallVector<const Expr *, 4> bracedElements(const Expr *E) {
+  E = stripHandle(E);
+  if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E); CE && CE->getNumArgs() >= 1)
+    E = stripHandle(CE->getArg(0)); // ArrayRef(std::initializer_list), vector(...)
+  if (const auto *SIL = dyn_cast_or_null<CXXStdInitializerListExpr>(E))
+    E = stripHandle(SIL->getSubExpr());
+  const auto *IL = dyn_cast_or_null<InitListExpr>(E);
+  return IL ? llvm::SmallVector<const Expr *, 4>(IL->inits()) : llvm::SmallVector<const Expr *, 4>();
+}
+
 const ValueDecl *ownMember(const Expr *E) {
   const auto *ME = E ? dyn_cast<MemberExpr>(E->IgnoreParenImpCasts()) : nullptr;
   return ME && isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()) ? ME->getMemberDecl()

@@ -297,8 +297,11 @@ GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) c
   llvm::SmallVector<const Expr *, 4> Ins;
   if (const Expr *Self = TensorModel::selfOf(Call))
     Ins.push_back(Self);
-  for (const Expr *A : Call->arguments())
+  for (const Expr *A : Call->arguments()) {
     Ins.push_back(A);
+    if (!Model.isTensorExpr(A)) // `torch::cat({a, b})`
+      Ins.append(bracedElements(A));
+  }
   bool Any = false;
   for (const Expr *Passed : Ins) {
     const Expr *In = passedTensor(Passed, Model);
@@ -487,6 +490,10 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
   }
   if (const auto *Call = dyn_cast<CallExpr>(E))
     return evalCall(Call, St);
+  if (const auto *CO = dyn_cast<ConditionalOperator>(E)) { // `last ? y : y.narrow(...)`
+    GradFact T = eval(CO->getTrueExpr(), St), F = eval(CO->getFalseExpr(), St);
+    return {joinKind(T.Kind, F.Kind), T.Source ? T.Source : F.Source};
+  }
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) // TensorOptions(...) and friends
     for (const Expr *A : CE->arguments())
       if (eval(A, St).Kind == GradKind::Leaf && !Model.isTensorExpr(CE))

@@ -475,7 +475,7 @@ TensorFact LayoutAnalysis::Impl::evalCall(const CallExpr *Call, State &S) {
         return *F;
   if ((MC && !Model.isTensorExpr(MC->getImplicitObjectArgument())) ||
       (!MC && !isTensorApi(FD) && !isStdMoveLike(Call)))
-    if (std::optional<TensorFact> R = calleeResult(Call, FD))
+    if (std::optional<TensorFact> R = calleeResult(Call, FD, S))
       return onArgsDevice(*R, Call, S);
   if (MC) {
     if (!Model.isTensorExpr(MC->getImplicitObjectArgument()))
@@ -556,9 +556,10 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
 }
 
 // A tensor returned by a function of the TU: what its body makes of inputs
-// taken with the defaults, when that says more than the defaults.
+// taken with the defaults, when that says more than the defaults or follows
+// its inputs' device.
 std::optional<TensorFact> LayoutAnalysis::Impl::calleeResult(const CallExpr *Call,
-                                                             const FunctionDecl *FD) {
+                                                             const FunctionDecl *FD, State &S) {
   const FunctionDecl *Def = readableCallee(FD);
   if (!Callees || !Def || !Model.isTensorExpr(Call))
     return std::nullopt;
@@ -568,9 +569,12 @@ std::optional<TensorFact> LayoutAnalysis::Impl::calleeResult(const CallExpr *Cal
   const TensorFact *R = &*L->returnFact();
   bool Kind = (!R->DType.empty() && !R->DTypeAssumed) ||
               (R->Device != TensorFact::AnyDevice && !R->DeviceAssumed);
-  if (!R->Sizes && R->Contig != TensorFact::No && R->SwapA < 0 && !Kind)
+  // Computed from its tensor parameters (their default device, no call's):
+  // on the device the arguments share (onArgsDevice, onInputDevice).
+  bool FromInputs = R->DeviceAssumed && !R->KindSource.CallResult;
+  if (!R->Sizes && R->Contig != TensorFact::No && R->SwapA < 0 && !Kind && !FromInputs)
     return std::nullopt;
-  return importFact(*R, Call, Def);
+  return importFact(*R, Call, Def, L->symbols(), S);
 }
 
 // F, a value taken with the defaults, on CUDA where the device facts say E
@@ -592,7 +596,7 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
                                               const Expr *Input, State &S) {
   if (!Model.isTensorExpr(Call))
     return unknownFact();
-  std::optional<TensorFact> R = FD ? calleeResult(Call, FD) : std::nullopt;
+  std::optional<TensorFact> R = FD ? calleeResult(Call, FD, S) : std::nullopt;
   const Expr *T = Model.tensorOperand(Input);
   TensorFact F = R ? *R : assumedResult(Call);
   if (const Expr *M = R ? nullptr : calledModule(Call); T && M)
@@ -726,17 +730,20 @@ TensorFact LayoutAnalysis::Impl::rnnOutput(const Expr *E, const CallExpr *Rnn, S
   return onInputDevice(F, In, S);
 }
 
-// A callee's fact in this function: its symbols fresh for this call, its
-// storage unknown, its defaults named as the callee's.
+// A callee's fact in this function: its symbols bound to the call's
+// arguments where they stand for them (bindCalleeSymbol), else fresh for this
+// call; its storage unknown, its defaults named as the callee's.
 TensorFact LayoutAnalysis::Impl::importFact(const TensorFact &F, const CallExpr *Call,
-                                            const FunctionDecl *FD) {
+                                            const FunctionDecl *FD, const SymTable &From,
+                                            State &S) {
   TensorFact R = F;
+  auto Bind = [&](const void *K, std::int64_t I) { return bindCalleeSymbol(Call, FD, K, I, S); };
   auto Import = [&](const std::optional<Shape> &Sh) -> std::optional<Shape> {
     if (!Sh)
       return std::nullopt;
     Shape Out;
     for (const Mono &M : *Sh)
-      Out.push_back(ST.import(M, Call));
+      Out.push_back(ST.import(M, Call, From, Bind));
     return Out;
   };
   R.Sizes = Import(F.Sizes);
@@ -753,6 +760,41 @@ TensorFact LayoutAnalysis::Impl::importFact(const TensorFact &F, const CallExpr 
   R.Broadcast = R.BroadcastAssumed = false;
   R.ExpandCall = nullptr;
   return R;
+}
+
+// What the callee's symbol (K, I) is at this call (keys as evalInt and
+// sizeAt make them): a size of a tensor parameter (K the parameter, I its
+// dimension + 1) is the argument's; an integer parameter (I = 0) is the
+// argument's value; a field of a struct parameter (`cfg.heads`: K the field,
+// I the parameter) is the same field of the argument variable; a field of the
+// object (`dim_`: I the context) is the caller's own when the call is on `this`.
+std::optional<Mono> LayoutAnalysis::Impl::bindCalleeSymbol(const CallExpr *Call,
+                                                           const FunctionDecl *FD, const void *K,
+                                                           std::int64_t I, State &S) {
+  if (I == (std::int64_t)(intptr_t)&Ctx) {
+    const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+    bool OnThis = MC && isa<CXXThisExpr>(MC->getImplicitObjectArgument()->IgnoreParenImpCasts());
+    return OnThis ? std::optional<Mono>(ST.sym(K, I)) : std::nullopt;
+  }
+  const auto *MD = dyn_cast<CXXMethodDecl>(FD);
+  // `m(x)` passes the object as argument 0 of the operator call.
+  unsigned Shift = isa<CXXOperatorCallExpr>(Call) && MD && !MD->isStatic() ? 1 : 0;
+  for (unsigned J = 0; J < FD->getNumParams() && J + Shift < Call->getNumArgs(); ++J) {
+    const ParmVarDecl *P = FD->getParamDecl(J);
+    const Expr *Arg = Call->getArg(J + Shift);
+    if (I == (std::int64_t)(intptr_t)P) {
+      const auto *DRE = dyn_cast<DeclRefExpr>(Arg->IgnoreParenImpCasts());
+      return DRE ? std::optional<Mono>(ST.sym(K, (std::int64_t)(intptr_t)DRE->getDecl()))
+                 : std::nullopt;
+    }
+    if (P != K)
+      continue;
+    if (I == 0 && P->getType()->isIntegerType())
+      return evalInt(Arg, S);
+    if (I > 0 && Model.isTensorExpr(Arg))
+      return sizeAt(evalTensor(Arg, S), I - 1);
+  }
+  return std::nullopt;
 }
 
 void LayoutAnalysis::Impl::recordReturn(const ReturnStmt *RS, State &S) {
@@ -798,20 +840,26 @@ std::optional<Mono> LayoutAnalysis::Impl::evalSizeQuery(const Expr *E, State &S)
     return std::nullopt;
   TensorFact F = evalTensor(Obj, S);
   if (What == "size" && Idx) {
-    auto D = constInt(Idx, Ctx);
-    if (F.Sizes) {
-      if (auto N = normDim(D, F.Sizes->size()))
-        return (*F.Sizes)[*N];
-    } else if (F.Src && D && *D >= 0) {
-      std::int64_t K = *D == F.SwapA ? F.SwapB : *D == F.SwapB ? F.SwapA : *D;
-      if (K < 32 && (F.UnitDims >> K) & 1)
-        return Mono::constant(1);
-      return ST.sym(F.Src, K + 1);
-    }
+    return sizeAt(F, constInt(Idx, Ctx));
   } else if (What == "numel" && F.Sizes) {
     return ST.product(*F.Sizes);
   } else if (What == "dim" && F.Sizes) {
     return Mono::constant((std::int64_t)F.Sizes->size());
+  }
+  return std::nullopt;
+}
+
+// Size D of a tensor with fact F: its known size, else its source's symbol.
+std::optional<Mono> LayoutAnalysis::Impl::sizeAt(const TensorFact &F,
+                                                 std::optional<std::int64_t> D) {
+  if (F.Sizes) {
+    if (auto N = normDim(D, F.Sizes->size()))
+      return (*F.Sizes)[*N];
+  } else if (F.Src && D && *D >= 0) {
+    std::int64_t K = *D == F.SwapA ? F.SwapB : *D == F.SwapB ? F.SwapA : *D;
+    if (K < 32 && (F.UnitDims >> K) & 1)
+      return Mono::constant(1);
+    return ST.sym(F.Src, K + 1);
   }
   return std::nullopt;
 }
@@ -1260,6 +1308,7 @@ void LayoutAnalysis::setCallees(CalleeFn F) { P->Callees = std::move(F); }
 void LayoutAnalysis::setDeviceVars(DeviceFacts *D) { P->DeviceVars = D; }
 void LayoutAnalysis::setClassFacts(LayoutClassFacts *C) { P->Classes = C; }
 const std::optional<TensorFact> &LayoutAnalysis::returnFact() const { return P->Returned; }
+const SymTable &LayoutAnalysis::symbols() const { return P->ST; }
 
 const TensorFact *LayoutAnalysis::factOf(const Expr *E) const {
   auto It = P->Facts.find(E);

@@ -183,6 +183,8 @@ public:
   /// The join of the facts of every tensor the function returns, sizes and
   /// strides normalised (symbols of this analysis); none if it returns none.
   const std::optional<TensorFact> &returnFact() const;
+  /// The table the symbols of returnFact() live in.
+  const SymTable &symbols() const;
 
   /// The fact about a tensor expression that is the object (or first
   /// argument) of a recorded call, at that program point; null if unknown.

@@ -125,13 +125,17 @@ public:
   TensorFact evalOp(const CallExpr *Call, llvm::StringRef Name, const Expr *SelfE,
                     llvm::ArrayRef<const Expr *> Args, State &S);
   Mono evalInt(const Expr *E, State &S);
-  std::optional<TensorFact> calleeResult(const CallExpr *Call, const FunctionDecl *FD);
+  std::optional<TensorFact> calleeResult(const CallExpr *Call, const FunctionDecl *FD, State &S);
   TensorFact moduleResult(const CallExpr *Call, const FunctionDecl *FD, const Expr *Input,
                           State &S);
   TensorFact onInputDevice(TensorFact F, const Expr *T, State &S);
   TensorFact onArgsDevice(TensorFact F, const CallExpr *Call, State &S);
   TensorFact rnnOutput(const Expr *E, const CallExpr *Rnn, State &S);
-  TensorFact importFact(const TensorFact &F, const CallExpr *Call, const FunctionDecl *FD);
+  TensorFact importFact(const TensorFact &F, const CallExpr *Call, const FunctionDecl *FD,
+                        const SymTable &From, State &S);
+  std::optional<Mono> bindCalleeSymbol(const CallExpr *Call, const FunctionDecl *FD, const void *K,
+                                       std::int64_t I, State &S);
+  std::optional<Mono> sizeAt(const TensorFact &F, std::optional<std::int64_t> D);
   void recordReturn(const ReturnStmt *RS, State &S);
   std::optional<Mono> evalSizeQuery(const Expr *E, State &S);
   std::optional<ShapeArg> shapeArg(const Expr *E, State &S);

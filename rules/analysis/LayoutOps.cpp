@@ -182,8 +182,10 @@ static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args, b
   return TensorFact::CPU;
 }
 
+// The size of `arange(end)` / `arange(start, end[, step])` when its bounds are
+// constants. Bounds: the bound expressions (the numbers before the options).
 static std::optional<Shape> arangeShape(llvm::ArrayRef<const Expr *> Args, const ASTContext &Ctx,
-                                        bool &AllInt) {
+                                        bool &AllInt, llvm::SmallVectorImpl<const Expr *> &Bounds) {
   llvm::SmallVector<std::optional<std::int64_t>, 3> V;
   AllInt = true;
   for (const Expr *A : Args) {
@@ -194,6 +196,7 @@ static std::optional<Shape> arangeShape(llvm::ArrayRef<const Expr *> Args, const
       break;
     AllInt &= X->getType()->isIntegerType();
     V.push_back(constInt(X, Ctx));
+    Bounds.push_back(X);
   }
   if (!AllInt || V.empty() || llvm::any_of(V, [](auto X) { return !X; }))
     return std::nullopt;
@@ -303,7 +306,11 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
       Sz = A->Sizes;
     F.HasDims = !Sz && isSizesOfTensor(C.arg(0));
   } else if (C.Name == "arange") {
-    Sz = arangeShape(C.Args, Ctx, Integral);
+    llvm::SmallVector<const Expr *, 3> Bounds;
+    Sz = arangeShape(C.Args, Ctx, Integral, Bounds);
+    // Run-time integer bounds: rank 1 all the same, `arange(n)` of size n.
+    if (!Sz && Integral && !Bounds.empty())
+      Sz = Shape{Bounds.size() == 1 ? evalInt(Bounds[0], C.S) : ST.sym(Bounds[0], 1)};
   } else if (C.Name == "linspace" && C.Args.size() >= 3) {
     Sz = Shape{evalInt(C.Args[2], C.S)};
   } else if (C.Name == "randint" || C.Name == "randperm") {

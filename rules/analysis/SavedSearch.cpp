@@ -10,26 +10,6 @@
 
 namespace clang::tidy::tensor {
 
-const Expr *viewRoot(const Expr *E, const TensorModel &Model) {
-  while (E) {
-    E = stripHandle(E);
-    const auto *Call = dyn_cast<CallExpr>(E);
-    if (!Call)
-      return E;
-    const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
-    if (OC && OC->getOperator() == OO_Subscript && Model.isTensorExpr(OC->getArg(0))) {
-      E = OC->getArg(0);
-      continue;
-    }
-    const sem::OpInfo *Op = OC ? nullptr : Model.opOf(Call);
-    if (!Op || Op->storage != sem::Storage::View)
-      return E;
-    const Expr *Self = TensorModel::selfOf(Call);
-    E = Self ? Self : Call->getArg(0);
-  }
-  return E;
-}
-
 bool isBackwardCall(const Stmt *S, const TensorModel &Model) {
   const auto *Call = dyn_cast<CallExpr>(S);
   const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
@@ -101,7 +81,7 @@ bool savesInputV(const GradFacts &G, const TensorModel &Model, const CallExpr *C
   bool SelfRG = !In.empty() && requiresGrad(G, In[0]);
   bool OtherRG = In.size() > 1 && requiresGrad(G, In[1]);
   for (unsigned I = 0; I < In.size() && I < 2; ++I)
-    if (namesDecl(viewRoot(In[I], Model), V) && sem::savesInput(Saves, I, SelfRG, OtherRG))
+    if (namesDecl(Model.viewRoot(In[I]), V) && sem::savesInput(Saves, I, SelfRG, OtherRG))
       return true;
   return false;
 }
@@ -144,7 +124,7 @@ bool forwardSavesResult(const CXXMethodDecl *Fwd) {
 // Init is an op call (or a view of one) that saved its result, recorded; or
 // a custom Function's apply() whose forward saved it.
 const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const Expr *Init) {
-  const auto *Call = dyn_cast_or_null<CallExpr>(Init ? viewRoot(Init, Model) : nullptr);
+  const auto *Call = dyn_cast_or_null<CallExpr>(Init ? Model.viewRoot(Init) : nullptr);
   if (!Call || !requiresGrad(G, Call))
     return nullptr;
   if (sem::savesResult(sem::savesOf(opName(Call, Model))))
@@ -157,7 +137,7 @@ const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const 
 // of the TU with one body to read).
 SavedBy returnedSaver(const TensorModel &Model, const Expr *Def, CalleeGrads Callees,
                       unsigned Depth) {
-  const auto *Call = dyn_cast_or_null<CallExpr>(Def ? viewRoot(Def, Model) : nullptr);
+  const auto *Call = dyn_cast_or_null<CallExpr>(Def ? Model.viewRoot(Def) : nullptr);
   const FunctionDecl *FD = Call ? readableCallee(Call->getDirectCallee()) : nullptr;
   if (!FD || Depth >= 2)
     return {};
@@ -194,7 +174,7 @@ Step visitBack(const GradFacts &G, const TensorModel &Model, const ValueDecl *V,
     return Out.Op ? Step::Found : Step::StopPath;
   }
   if (const auto *E = dyn_cast<Expr>(S))
-    if (const Expr *T = Model.inPlaceTarget(E); T && namesDecl(viewRoot(T, Model), V))
+    if (const Expr *T = Model.inPlaceTarget(E); T && namesDecl(Model.viewRoot(T), V))
       return Step::StopPath; // an earlier write: reported there
   if (const auto *Call = dyn_cast<CallExpr>(S); Call && savesInputV(G, Model, Call, V)) {
     Out.Op = Call;

@@ -33,8 +33,4 @@ const CallExpr *findBackwardAfter(const GradFacts &G, const TensorModel &Model, 
 /// `x.backward()`, `torch::autograd::backward(...)`, `torch::autograd::grad(...)`.
 bool isBackwardCall(const Stmt *S, const TensorModel &Model);
 
-/// E without explicit view ops (`h[0]`, `h.select(...)`): the tensor whose
-/// storage and version counter a write through E changes.
-const Expr *viewRoot(const Expr *E, const TensorModel &Model);
-
 } // namespace clang::tidy::tensor

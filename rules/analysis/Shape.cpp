@@ -14,7 +14,7 @@ Mono SymTable::sym(const void *K, std::int64_t I) {
   auto [It, New] = Keys.try_emplace({K, I}, Next);
   if (New) {
     ++Next;
-    Source.push_back(K);
+    Source.push_back({K, I});
   }
   Mono M;
   M.Pow.push_back({It->second, 1});
@@ -28,9 +28,9 @@ bool SymTable::oneSource(const Mono &A, const Mono &B) const {
   const void *K = nullptr;
   for (const Mono &M : {norm(A), norm(B)}) {
     for (auto [S, E] : M.Pow) {
-      if (K && Source[S] != K)
+      if (K && Source[S].first != K)
         return false;
-      K = Source[S];
+      K = Source[S].first;
     }
   }
   return K != nullptr;
@@ -71,13 +71,15 @@ Mono SymTable::divSize(const Mono &A, const Mono &B, const void *Key) {
   return Q;
 }
 
-Mono SymTable::import(const Mono &M, const void *Key) {
+Mono SymTable::import(const Mono &M, const void *Key, const SymTable &From, BindFn Bind) {
   if (M.Top)
     return M;
   Mono R = Mono::constant(M.Num);
   R.Den = M.Den;
   for (auto [S, E] : M.Pow) {
-    Mono F = sym(Key, S);
+    auto [K, I] = From.keyOf(S);
+    std::optional<Mono> Bound = Bind(K, I);
+    Mono F = Bound ? *Bound : sym(Key, S);
     for (int I = 0; I < std::abs(E); ++I)
       R = E > 0 ? mul(R, F) : div(R, F);
   }

@@ -12,6 +12,7 @@
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/SmallVector.h"
 
 #include <cstdint>
@@ -57,9 +58,14 @@ public:
   /// A / B when it is a size (a positive monomial), without refining.
   std::optional<Mono> exactQuotient(const Mono &A, const Mono &B) const;
   Mono norm(const Mono &M) const;
-  /// M, normalised in another table, with each of its symbols S replaced by
-  /// this table's symbol (Key, S): a callee's sizes as fresh caller symbols.
-  Mono import(const Mono &M, const void *Key);
+  /// The identity and index symbol S was made for.
+  std::pair<const void *, std::int64_t> keyOf(unsigned S) const { return Source[S]; }
+  /// What a callee's symbol (identity, index) is at a call site, if bound.
+  using BindFn = llvm::function_ref<std::optional<Mono>(const void *, std::int64_t)>;
+  /// M, normalised in table From, with each of its symbols S replaced by what
+  /// Bind gives for S's key, else by this table's symbol (Key, S): a callee's
+  /// sizes in terms of its arguments', the rest as fresh caller symbols.
+  Mono import(const Mono &M, const void *Key, const SymTable &From, BindFn Bind);
   /// Equality: exact for constants, structural (generic) otherwise.
   Cmp eq(const Mono &A, const Mono &B) const;
   /// Order, assuming every symbol is > 1.
@@ -76,7 +82,7 @@ private:
 
   llvm::DenseMap<std::pair<const void *, std::int64_t>, unsigned> Keys;
   llvm::DenseMap<unsigned, Mono> Subst;
-  llvm::SmallVector<const void *, 16> Source; // each symbol's identity
+  llvm::SmallVector<std::pair<const void *, std::int64_t>, 16> Source; // each symbol's key
   unsigned Next = 0;
 };
 

@@ -1,5 +1,7 @@
 #include "analysis/TensorModel.h"
 
+#include "analysis/AstHelpers.h"
+
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
 #include "llvm/ADT/StringSwitch.h"
@@ -58,7 +60,7 @@ const sem::OpInfo *TensorModel::opOf(const CallExpr *Call) const {
   const Expr *Self = selfOf(Call);
   if (!Self && Call->getNumArgs())
     Self = Call->getArg(0);
-  if (!isTensorExpr(Self))
+  if (!isTensorExpr(Self) && !(FD->getNumParams() && isTensorListType(FD->getParamDecl(0)->getType())))
     return nullptr;
   llvm::StringRef Name = rowName(Call, FD->getName());
   return sem::lookup(Name);
@@ -87,6 +89,26 @@ llvm::StringRef TensorModel::rowName(const CallExpr *Call, llvm::StringRef Name)
     if (buildsTensorIndex(*this, A))
       return "index_tensor";
   return Name;
+}
+
+const Expr *TensorModel::viewRoot(const Expr *E) const {
+  while (E) {
+    E = stripHandle(E);
+    const auto *Call = dyn_cast<CallExpr>(E);
+    if (!Call)
+      return E;
+    const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
+    if (OC && OC->getOperator() == OO_Subscript && isTensorExpr(OC->getArg(0))) {
+      E = OC->getArg(0);
+      continue;
+    }
+    const sem::OpInfo *Op = OC ? nullptr : opOf(Call);
+    if (!Op || Op->storage != sem::Storage::View)
+      return E;
+    const Expr *Self = selfOf(Call);
+    E = Self ? Self : Call->getArg(0);
+  }
+  return E;
 }
 
 const Expr *TensorModel::inPlaceTarget(const Expr *E) const {
@@ -156,6 +178,15 @@ bool TensorModel::isTensorStruct(QualType T) const {
 bool TensorModel::isTensorStructField(const ValueDecl *D) const {
   const auto *F = dyn_cast_or_null<FieldDecl>(D);
   return F && isTensorType(F->getType()) && isPlainStruct(dyn_cast<CXXRecordDecl>(F->getParent()));
+}
+
+bool TensorModel::isTensorListType(QualType T) const {
+  const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(
+      T.getNonReferenceType()->getAsCXXRecordDecl());
+  if (!TS || !TS->getIdentifier() || !llvm::is_contained({"ArrayRef", "IListRef"}, TS->getName()))
+    return false;
+  const TemplateArgument &A = TS->getTemplateArgs()[0];
+  return A.getKind() == TemplateArgument::Type && isTensorType(A.getAsType());
 }
 
 bool TensorModel::isTensorBundle(QualType T) const {

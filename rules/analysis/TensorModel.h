@@ -30,7 +30,8 @@ public:
   const Expr *tensorOperand(const Expr *E) const;
 
   // The table row for a member call on a tensor (or a free function taking a
-  // tensor first), or nullptr when the callee is not a tensor op we know.
+  // tensor or a tensor list first: `torch::cat({a, b})`), or nullptr when the
+  // callee is not a tensor op we know.
   const sem::OpInfo *opOf(const CallExpr *Call) const;
 
   // The ops.def row name for a call of Name: "index_tensor" for index() with
@@ -50,6 +51,10 @@ public:
   // rvalue-qualified operator= copies into the storage).
   const Expr *inPlaceTarget(const Expr *E) const;
 
+  // E without explicit view ops (`h[0]`, `h.select(...)`): the tensor whose
+  // storage and version counter a write through E changes.
+  const Expr *viewRoot(const Expr *E) const;
+
   // A value of type T may reach tensor storage (a tensor, a container or
   // class holding one, a pointer): c10::Device, TensorOptions, ints cannot.
   bool mayHoldTensors(QualType T, unsigned Depth = 0) const;
@@ -63,6 +68,8 @@ public:
   // What carries a computation's tensors out by value: a tensor, such a
   // struct, or a std::pair or std::tuple holding tensors.
   bool isTensorBundle(QualType T) const;
+  // A list of tensors an op takes: `at::TensorList`, `at::ITensorListRef`.
+  bool isTensorListType(QualType T) const;
 
   // Methods that read only metadata (shape, dtype, device, flags), never data.
   static bool isMetadataMethod(llvm::StringRef Name);

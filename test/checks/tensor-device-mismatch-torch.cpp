@@ -359,3 +359,57 @@ torch::Tensor projectPoints(int64_t b) {
   auto noise = torch::randn({2, 2}, q.options()); // q's options: q's device
   return p + k.matmul(torch::eye(2, host)) + q.add(noise);
 }
+
+// ===== a device variable, run-time arange, a helper of the file =============
+
+struct DecoderImpl : torch::nn::Module {
+  DecoderImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  Tensor decode(const Tensor &z) { return fc(z); }
+  Tensor forward(const Tensor &z) { return fc(z); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Decoder);
+
+// The module is a parameter, moved with a device variable every value of
+// which names CUDA.
+Tensor sampleOnHost(Decoder &model) {
+  torch::Device device(torch::kCUDA);
+  model->to(device);
+  auto z = torch::randint(4, {3, 4}).to(torch::kFloat);
+  return model->decode(z);
+  // CHECK-MESSAGES: :[[@LINE-1]]:17: error: 'decode' combines the CPU tensor 'z' with the parameters of 'model', moved to CUDA: throws at run time ('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!'); move it with 'z.to(device)' [tensor-device-mismatch]
+  // CHECK-FIXES: {{^}}  return model->decode(z.to(device));{{$}}
+}
+
+// `arange(n)` has rank 1 whatever n is: not a CPU scalar.
+Tensor lengthMask(const Tensor &x, const Tensor &lengths) {
+  torch::Device device(torch::kCUDA);
+  auto len = lengths.to(device);
+  return torch::arange(x.size(1)).unsqueeze(0) < len.unsqueeze(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:48: error: '<' combines the CPU tensor 'torch::arange(x.size(1)).unsqueeze(0)' with 'len.unsqueeze(1)'
+}
+
+Tensor normalizeRgb(const Tensor &img, const Tensor &mean) { return img - mean; }
+
+// A helper of the file computing from its inputs returns on their device.
+void histogramOnHost(const Tensor &img, const Tensor &mean) {
+  const torch::Device device(torch::kCUDA);
+  auto hist = torch::zeros({10});
+  auto x = normalizeRgb(img.to(device), mean.to(device));
+  hist += torch::histc(x, 10, 0, 1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: error: '+=' combines the CPU tensor 'hist' with 'torch::histc(x, 10, 0, 1)'
+}
+
+// Negatives: the device is chosen at run time; the helper's inputs disagree.
+Tensor sampleRuntimeDevice(Decoder &model, bool gpu) {
+  torch::Device device(gpu ? torch::kCUDA : torch::kCPU);
+  model->to(device);
+  return model->decode(torch::randn({3, 4}));
+}
+
+void histogramMixedInputs(const Tensor &img, const Tensor &mean) {
+  const torch::Device device(torch::kCUDA);
+  auto hist = torch::zeros({10});
+  auto x = normalizeRgb(img.to(device), mean.cpu()); // throws in the helper, not here
+  hist += torch::histc(x, 10, 0, 1);
+}

@@ -249,3 +249,16 @@ torch::Tensor mergeHeads(int64_t B, int64_t H, int64_t T, int64_t Dh, int64_t d_
   return attn.transpose(1, 2).view({B, T, d_model});
   // CHECK-MESSAGES: :[[@LINE-1]]:31: error: 'view' on the non-contiguous result of 'transpose' throws at run time unless
 }
+
+// A helper of the file permutes; its result's sizes are the argument's, so the
+// caller's view merging B and H (the argument's sizes) cannot be a view.
+torch::Tensor toRows(const torch::Tensor &x) { return x.permute({0, 2, 3, 1}); }
+torch::Tensor rowsOf(const torch::Tensor &fl) {
+  const auto B = fl.size(0), C = fl.size(1), H = fl.size(2), W = fl.size(3);
+  return toRows(fl).view({B * H, W, C});
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'view' on the non-contiguous result of 'permute'
+}
+torch::Tensor rowsKeptOrder(const torch::Tensor &fl) {
+  const auto B = fl.size(0), H = fl.size(2), W = fl.size(3), C = fl.size(1);
+  return toRows(fl).view({B, H * W, C}); // merges H and W, adjacent after the permute
+}

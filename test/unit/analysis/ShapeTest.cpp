@@ -109,11 +109,28 @@ TEST(Shape, ImportKeepsRelationsWithFreshSymbols) {
   Mono A = Callee(1), B = Callee(2);
   Mono Stride = Callee.ST.mul(A, B); // a stride made of two sizes
   int Call1 = 0, Call2 = 0;
-  Mono IA = Caller.ST.import(A, &Call1), IB = Caller.ST.import(B, &Call1);
-  Mono IS = Caller.ST.import(Stride, &Call1);
+  auto NoBind = [](const void *, std::int64_t) -> std::optional<Mono> { return std::nullopt; };
+  auto Import = [&](const Mono &M, int &Call) { return Caller.ST.import(M, &Call, Callee.ST, NoBind); };
+  Mono IA = Import(A, Call1), IB = Import(B, Call1);
+  Mono IS = Import(Stride, Call1);
   EXPECT_EQ(Caller.ST.eq(Caller.ST.mul(IA, IB), IS), Cmp::EQ);
   // Another call's sizes are other symbols, and none is a caller's own.
-  EXPECT_EQ(Caller.ST.eq(Caller.ST.import(A, &Call2), IA), Cmp::NE);
+  EXPECT_EQ(Caller.ST.eq(Import(A, Call2), IA), Cmp::NE);
   EXPECT_EQ(Caller.ST.eq(IA, Caller(1)), Cmp::NE);
-  EXPECT_EQ(Caller.ST.import(Mono::constant(6), &Call1), Mono::constant(6));
+  EXPECT_EQ(Import(Mono::constant(6), Call1), Mono::constant(6));
+}
+
+TEST(Shape, ImportBindsCalleeSymbolsToTheCallSite) {
+  Syms Callee, Caller;
+  Mono A = Callee(1), B = Callee(2);
+  int Call = 0;
+  // The callee's symbol (Key, 1) is its parameter's size: the argument's at the call.
+  Mono Arg = Caller(7);
+  auto Bind = [&](const void *K, std::int64_t I) -> std::optional<Mono> {
+    return K == &Callee.Key && I == 1 ? std::optional<Mono>(Arg) : std::nullopt;
+  };
+  Mono IS = Caller.ST.import(Callee.ST.mul(A, B), &Call, Callee.ST, Bind);
+  Mono IB = Caller.ST.import(B, &Call, Callee.ST, Bind);
+  EXPECT_EQ(Caller.ST.eq(IS, Caller.ST.mul(Arg, IB)), Cmp::EQ);
+  EXPECT_EQ(Caller.ST.eq(IB, Arg), Cmp::NE);
 }
