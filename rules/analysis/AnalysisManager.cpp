@@ -85,12 +85,30 @@ LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {
 const GradFacts *AnalysisManager::gradAt(const Stmt *S) {
   return cachedFor(S, Grads, [this](const FunctionDecl *FD) {
     auto G = std::make_unique<GradFacts>(Model, Ctx, &frozen(), &GradClasses);
+    G->setCallees(calleeGrads());
     InGrad.insert(FD);
     bool Off = gradOffAtEntry(FD);
     G->run(FD, Off, Off ? GradFacts::EntryFacts{} : gradOfParams(FD));
     InGrad.erase(FD);
     return G;
   });
+}
+
+Tri AnalysisManager::calleeResultGrad(const FunctionDecl *FD, unsigned I) {
+  auto Key = std::make_pair(FD, I);
+  if (auto It = CalleeGrads.find(Key); It != CalleeGrads.end())
+    return It->second;
+  const FunctionDecl *Def = readableCallee(FD);
+  if (!Def || I >= Def->getNumParams() || !InGrad.insert(Def).second)
+    return Tri::Unknown; // no body, or a recursion
+  CalleeGrads[Key] = Tri::Unknown;
+  GradFacts G(Model, Ctx, &frozen(), &GradClasses);
+  G.setCallees(calleeGrads());
+  GradFacts::EntryFacts Entry;
+  Entry[Def->getParamDecl(I)] = {GradKind::NonLeaf, nullptr};
+  G.run(Def, /*GradOffAtEntry=*/false, std::move(Entry));
+  InGrad.erase(Def);
+  return CalleeGrads[Key] = G.returnRequiresGrad();
 }
 
 CallSites &AnalysisManager::calls() {

@@ -54,6 +54,13 @@ private:
   /// the main file with grad mode on (at least one) passes a value requiring
   /// grad: they require grad at entry.
   GradFacts::EntryFacts gradOfParams(const FunctionDecl *FD);
+  /// FD's result requires grad when only its I-th parameter does: FD's
+  /// autograd facts with that parameter a non-leaf (memoised; Unknown in a
+  /// recursion).
+  Tri calleeResultGrad(const FunctionDecl *FD, unsigned I);
+  GradFacts::CalleeFn calleeGrads() {
+    return [this](const FunctionDecl *FD, unsigned I) { return calleeResultGrad(FD, I); };
+  }
   /// The call at S's I-th argument when it requires grad there; null when
   /// grad mode is off at S; none when it may not require grad.
   std::optional<const Expr *> gradArgument(const CallSites::Site &S, unsigned I);
@@ -67,6 +74,7 @@ private:
   std::optional<FrozenParameters> Frozen;        // built on first use
   llvm::DenseSet<const FunctionDecl *> InEntryQuery;
   llvm::DenseSet<const FunctionDecl *> InGrad; // autograd facts being computed
+  llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, Tri> CalleeGrads;
   AliasAnalysis Alias;
   GradClassFacts GradClasses;
   LayoutClassFacts LayoutClasses;

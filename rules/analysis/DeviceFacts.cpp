@@ -155,10 +155,16 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
   auto Of = [&](const Expr *E) {
     return IsDevice ? deviceNamed(E, Depth + 1) : deviceOf(E, Depth + 1);
   };
-  DeviceKnown D = Of(V->getInit());
+  // `torch::Tensor loss;` is undefined, with no device, until assigned: its
+  // assigned values alone decide.
+  auto It = Assigned.find(V);
+  const auto *Ctor = dyn_cast<CXXConstructExpr>(V->getInit()->IgnoreImplicit());
+  bool Undefined = !IsDevice && Ctor && Ctor->getNumArgs() == 0 &&
+                   Model.isTensorType(V->getType()) && It != Assigned.end() && !It->second.empty();
+  DeviceKnown D = Of(Undefined ? It->second.front() : V->getInit());
   if (onCUDA(D))
     Hypothesis[Key] = D;
-  if (auto It = Assigned.find(V); It != Assigned.end())
+  if (It != Assigned.end())
     for (const Expr *R : It->second)
       D = meet(D, Of(R));
   // D is the hypothesis (confirmed) or weaker (a sound answer either way).

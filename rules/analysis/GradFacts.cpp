@@ -221,6 +221,8 @@ struct GradFacts::Impl {
   GradFact evalMemberCall(const CXXMemberCallExpr *Call, const State &St) const;
   GradFact evalOp(const CallExpr *Call, const sem::OpInfo &Op, const State &St) const;
   GradFact combineInputs(const CallExpr *Call, const State &St) const;
+  GradFact evalCalleeResult(const CallExpr *Call, const State &St) const;
+  void recordReturn(const ReturnStmt *RS, const State &St);
   GradFact evalRequiresGradCall(const CXXMemberCallExpr *Call, const State &St) const;
   bool tracked(const Expr *E) const;
   // `auto [a, b] = f(x)`: a module's results all follow it; of an op's
@@ -314,6 +316,31 @@ GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) c
     AllNo &= F.requiresGrad() == Tri::No;
   }
   return {Any && AllNo ? GradKind::NoGrad : GradKind::Unknown, nullptr};
+}
+
+// A free function of the TU (not the tensor libraries') given, at argument I,
+// a value that requires grad: its result does when the callee's body makes
+// it so from that parameter alone (GradFacts::CalleeFn).
+GradFact GradFacts::Impl::evalCalleeResult(const CallExpr *Call, const State &St) const {
+  const FunctionDecl *FD = Call->getDirectCallee();
+  if (!G.Callees || !FD || isa<CXXMethodDecl>(FD) || !Model.isTensorExpr(Call) ||
+      !G.gradEnabledAt(Call) || !readableCallee(FD))
+    return {};
+  for (unsigned I = 0; I < Call->getNumArgs() && I < FD->getNumParams(); ++I) {
+    const Expr *In = passedTensor(Call->getArg(I), Model);
+    if (In && eval(In, St).requiresGrad() == Tri::Yes && G.Callees(FD, I) == Tri::Yes)
+      return {GradKind::NonLeaf, Call};
+  }
+  return {};
+}
+
+void GradFacts::Impl::recordReturn(const ReturnStmt *RS, const State &St) {
+  const Expr *V = RS->getRetValue();
+  if (!V || !Model.isTensorExpr(V))
+    return;
+  Tri R = G.gradEnabledAt(RS) ? eval(V, St).requiresGrad() : Tri::No;
+  G.Returned = !G.AnyReturn || G.Returned == R ? R : Tri::Unknown;
+  G.AnyReturn = true;
 }
 
 GradFact GradFacts::Impl::evalOp(const CallExpr *Call, const sem::OpInfo &Op,
@@ -445,6 +472,8 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
       return {GradKind::NoGrad, nullptr};
     return combineInputs(Call, St); // tensor arithmetic: `a * b`, `-a`
   }
+  if (GradFact F = evalCalleeResult(Call, St); F.Kind != GradKind::Unknown)
+    return F;
   if (FD && isInNamespace(FD, {"tt", "at", "c10", "torch"})) {
     if (FD->getName() == "requires_grad")
       return optionsFact(Call);
@@ -505,6 +534,8 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
   if (Recording)
     if (const auto *E = dyn_cast<Expr>(S); E && tracked(E))
       G.Facts[E] = eval(E, St);
+  if (const auto *RS = dyn_cast<ReturnStmt>(S); RS && Recording)
+    recordReturn(RS, St);
   if (const auto *DS = dyn_cast<DeclStmt>(S)) {
     for (const Decl *D : DS->decls())
       if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getInit()) {

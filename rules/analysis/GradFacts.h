@@ -5,6 +5,8 @@
 // stay silent. See docs/design.md, "Autograd facts".
 #pragma once
 
+#include <functional>
+
 #include "analysis/TensorModel.h"
 
 #include "clang/AST/Decl.h"
@@ -101,6 +103,13 @@ public:
   /// known to be (a parameter not in it is Unknown).
   void run(const FunctionDecl *FD, bool GradOffAtEntry = false, EntryFacts Entry = EntryFacts());
 
+  /// Whether a function of the TU returns a value requiring grad when only
+  /// its I-th parameter does (Yes / No / Unknown); set by the manager.
+  using CalleeFn = std::function<Tri(const FunctionDecl *, unsigned)>;
+  void setCallees(CalleeFn F) { Callees = std::move(F); }
+  /// The join of the facts of the tensors the body returns (Unknown if none).
+  Tri returnRequiresGrad() const { return Returned; }
+
   /// The fact of the value E has at its own program point (tensor handles,
   /// containers of parameters, TensorOptions); Unknown if never recorded.
   GradFact factOf(const Expr *E) const;
@@ -134,6 +143,9 @@ private:
   llvm::DenseMap<const Expr *, GradFact> Facts;
   llvm::DenseSet<const Stmt *> NoGradStmts;
   bool GradOffAtEntry = false;
+  CalleeFn Callees;
+  Tri Returned = Tri::Unknown;
+  bool AnyReturn = false;
   std::unique_ptr<CFG> Cfg;
   llvm::DenseMap<const Stmt *, std::pair<const CFGBlock *, unsigned>> Positions;
 };

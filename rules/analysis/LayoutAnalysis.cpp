@@ -542,7 +542,7 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
     return unknownFact();
   if (!SelfE) {
     OpCall C{Call, Name, Op, nullptr, Args, S, TensorFact()};
-    return Op && Op->storage == sem::Storage::Factory ? factory(C) : assumedResult(Call);
+    return Op && Op->storage == sem::Storage::Factory ? factory(C) : unlistedMaker(C);
   }
   OpCall C{Call, Name, Op, SelfE, Args, S, evalTensor(SelfE, S)};
   if (Recording)
@@ -553,6 +553,21 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
     return R;
   }
   return applyOp(C);
+}
+
+// A library function the table does not list that takes no tensor first
+// (`torch::from_blob(p, sizes, torch::kDouble)`): a dtype its options name is
+// its result's; the rest is taken with the defaults.
+TensorFact LayoutAnalysis::Impl::unlistedMaker(const OpCall &C) {
+  TensorFact F = assumedResult(C.Call);
+  for (const Expr *A : C.Args)
+    if (DTypeName DT = dtypeIn(A); DT.Size) {
+      F.DType = DT.Name;
+      F.ElemSize = DT.Size;
+      F.DTypeAssumed = false;
+      break;
+    }
+  return F;
 }
 
 // A tensor returned by a function of the TU: what its body makes of inputs

@@ -145,6 +145,7 @@ public:
   using Handler = TensorFact (Impl::*)(const OpCall &);
   TensorFact applyOp(const OpCall &C);
   TensorFact factory(const OpCall &C);
+  TensorFact unlistedMaker(const OpCall &C);
   bool isSizesOfTensor(const Expr *E) const;
   std::optional<Shape> sizesArg(const OpCall &C);
   TensorFact reshapeOp(const OpCall &C);

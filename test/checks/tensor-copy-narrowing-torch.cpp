@@ -207,3 +207,14 @@ struct ResetTable {
   void reset(const Tensor &like) { stats_ = torch::zeros_like(like); }
   void average(const Tensor &n) { stats_.select(1, 3).copy_(n.softmax(0)); }
 };
+
+// `from_blob` with a dtype: the options name the source's dtype.
+void timestamps(std::vector<double> &ts, std::vector<float> &fs) {
+  const auto n = static_cast<int64_t>(ts.size());
+  auto t = torch::empty({n}, torch::kFloat);
+  t.copy_(torch::from_blob(ts.data(), {n}, torch::kDouble));
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: copy_ silently converts float64 to float32 (the destination's dtype)
+  auto d = torch::empty({n}, torch::kDouble);
+  d.copy_(torch::from_blob(ts.data(), {n}, torch::kDouble));
+  t.copy_(torch::from_blob(fs.data(), {n}, torch::TensorOptions().dtype(torch::kFloat)));
+}

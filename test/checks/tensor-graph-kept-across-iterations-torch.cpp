@@ -362,3 +362,28 @@ torch::Tensor chunksOneBranch(Net &net, const torch::Tensor &wav, int64_t n) {
   }
   return torch::cat(pieces);
 }
+
+// A helper of the file computes from its argument: its result requires grad
+// when the argument does. One that detaches, or returns another parameter,
+// does not make it so.
+torch::Tensor klToUniform(const torch::Tensor &logits) {
+  auto q = torch::softmax(logits, 1);
+  return (q * q.log()).sum(1);
+}
+torch::Tensor detachedScore(const torch::Tensor &logits) { return logits.detach().sum(); }
+torch::Tensor secondOf(const torch::Tensor &a, const torch::Tensor &b) { return b * 2; }
+void helperResults(Net &net, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs) {
+  std::vector<torch::Tensor> kls, scores, seconds;
+  for (const auto &x : xs) {
+    auto out = net->forward(x);
+    auto kl = klToUniform(out).mean();
+    opt.zero_grad();
+    (kl * 2).backward();
+    opt.step();
+    kls.push_back(kl);
+    // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: 'kl' requires grad and is stored in 'kls'
+    scores.push_back(detachedScore(out));
+    seconds.push_back(secondOf(out, x));
+  }
+  std::cout << torch::stack(kls).mean().item<double>() << "\n";
+}

@@ -255,3 +255,40 @@ public:
   }
   torch::Device device_;
 };
+
+// `torch::Tensor loss;` then assigned in both branches: its values decide
+// its device, not the undefined tensor it starts as.
+void branchLoss(Net &net, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs, bool nll) {
+  torch::Device device(torch::kCUDA);
+  net.to(device);
+  double total = 0;
+  for (const auto &x : xs) {
+    auto in = x.to(device);
+    torch::Tensor loss;
+    if (nll)
+      loss = -net.forward(in).mean();
+    else
+      loss = net.forward(in).exp().mean();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    total += loss.item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'item' of CUDA tensor 'loss' copies it to the host
+  }
+  std::cout << total << "\n";
+}
+
+// One branch leaves it on the host: not claimed.
+void branchLossHost(Net &net, const std::vector<torch::Tensor> &xs, bool gpu) {
+  torch::Device device(torch::kCUDA);
+  double total = 0;
+  for (const auto &x : xs) {
+    torch::Tensor loss;
+    if (gpu)
+      loss = net.forward(x.to(device)).mean();
+    else
+      loss = net.forward(x).mean();
+    total += loss.item<double>();
+  }
+  std::cout << total << "\n";
+}
