@@ -300,12 +300,75 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
       ((Op && Op->storage == sem::Storage::Factory) || N.starts_with("rand") || N == "tensor" ||
        N == "from_blob"))
     return ofFactory(C, Depth);
+  // A module member every constructor moves to CUDA computes on CUDA.
+  if (const Expr *M = calledModule(C))
+    if (const FieldDecl *F = rootModuleMember(M); F && onCUDA(ofModuleMember(F, Depth)))
+      return DeviceKnown::CUDA;
   // torch::nll_loss(out, target), model->forward(x), a function of ours: a
   // CUDA input means a CUDA computation, unless ours moves something to the host.
   if (const FunctionDecl *Def = C->getDirectCallee() ? C->getDirectCallee()->getDefinition() : nullptr;
       Def && !isTensorApi(Def) && bodyMovesToHost(Def))
     return DeviceKnown::Unknown;
   return anyArgument(C, Depth);
+}
+
+// Moves of module member F (`F->to(d)`, `F->cuda()`, `F->cpu()`) in S.
+static void movesOf(const Stmt *S, const FieldDecl *F, llvm::SmallVectorImpl<const CallExpr *> &Out) {
+  if (!S)
+    return;
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S); MC && MC->getMethodDecl() &&
+                                                       MC->getMethodDecl()->getIdentifier()) {
+    StringRef N = MC->getMethodDecl()->getName();
+    if ((N == "to" || N == "cuda" || N == "cpu") &&
+        ownMember(moduleValue(MC->getImplicitObjectArgument())) == F)
+      Out.push_back(MC);
+  }
+  for (const Stmt *Child : S->children())
+    movesOf(Child, F, Out);
+}
+
+const FieldDecl *DeviceFacts::rootModuleMember(const Expr *E) {
+  for (int I = 0; E && I < 8; ++I) {
+    E = moduleValue(stripHandle(E));
+    if (const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(E)))
+      return isModuleHolderType(F->getType()) ? F : nullptr;
+    const auto *ME = dyn_cast<MemberExpr>(E);
+    E = ME ? ME->getBase() : nullptr; // `model_->emb->weight`: down to `model_`
+  }
+  return nullptr;
+}
+
+DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
+  if (auto It = ModuleMembers.find(F); It != ModuleMembers.end())
+    return It->second;
+  ModuleMembers[F] = DeviceKnown::Unknown; // a move computed from itself
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  // A module class's members move with it (`net->to(d)` from anywhere).
+  if (!RD || !RD->hasDefinition() || isModuleRecord(RD))
+    return DeviceKnown::Unknown;
+  DeviceKnown D = DeviceKnown::Unknown;
+  bool Any = false;
+  for (const CXXMethodDecl *M : RD->methods()) {
+    const FunctionDecl *Def = M->getDefinition();
+    if (!Def || (M->isImplicit() && isa<CXXConstructorDecl>(M)))
+      continue;
+    llvm::SmallVector<const CallExpr *, 2> Moves;
+    movesOf(Def->getBody(), F, Moves);
+    bool Ctor = isa<CXXConstructorDecl>(M) && !cast<CXXConstructorDecl>(M)->isCopyOrMoveConstructor();
+    if (Ctor && Moves.empty())
+      return DeviceKnown::Unknown; // a constructor leaves it where it was made
+    for (const CallExpr *Mv : Moves) {
+      StringRef N = cast<CXXMemberCallExpr>(Mv)->getMethodDecl()->getName();
+      DeviceKnown K = N == "cuda"  ? DeviceKnown::CUDA
+                      : N == "cpu" ? DeviceKnown::NotCUDA
+                      : Mv->getNumArgs() && isDeviceLikeType(Mv->getArg(0)->getType())
+                          ? deviceNamed(Mv->getArg(0), Depth + 1)
+                          : DeviceKnown::Unknown;
+      D = Any ? meet(D, K) : K;
+      Any = true;
+    }
+  }
+  return ModuleMembers[F] = D == DeviceKnown::CUDA ? D : DeviceKnown::Unknown;
 }
 
 bool DeviceFacts::bodyMovesToHost(const FunctionDecl *Def) {
@@ -336,6 +399,10 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
     return deviceOf(UO->getSubExpr(), Depth);
   if (const auto *ME = dyn_cast<MemberExpr>(E); ME && isResultElement(ME, Model))
     return deviceOf(ME->getBase(), Depth); // out.first of `auto out = model->forward(x)`
+  // `model_->emb->weight`: a tensor of a module member moved to CUDA.
+  if (const auto *ME = dyn_cast<MemberExpr>(E); ME && Model.isTensorExpr(ME))
+    if (const FieldDecl *F = rootModuleMember(ME->getBase()); F && onCUDA(ofModuleMember(F, Depth)))
+      return DeviceKnown::CUDA;
   if (const auto *C = dyn_cast<CallExpr>(E))
     return ofCall(C, Depth);
   return DeviceKnown::Unknown;

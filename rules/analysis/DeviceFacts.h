@@ -37,6 +37,12 @@ public:
 private:
   DeviceKnown ofVar(const VarDecl *V, bool IsDevice, unsigned Depth);
   DeviceKnown ofField(const FieldDecl *F, unsigned Depth);
+  /// A module member of a plain class (not itself a module) that every
+  /// constructor moves to CUDA and no other method moves: CUDA; memoised.
+  DeviceKnown ofModuleMember(const FieldDecl *F, unsigned Depth);
+  /// The module member of `this` whose module E runs or reads a tensor of
+  /// (`unet_->forward(x)`, `model_(x)`, `model_->emb->weight`), or null.
+  static const FieldDecl *rootModuleMember(const Expr *E);
   DeviceKnown ofCall(const CallExpr *C, unsigned Depth);
   DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
@@ -62,6 +68,7 @@ private:
   /// ofField's answers (Unknown while in progress: a field set from itself).
   llvm::DenseMap<const FieldDecl *, DeviceKnown> FieldKnown;
   llvm::DenseMap<const FunctionDecl *, bool> HostMovers;
+  llvm::DenseMap<const FieldDecl *, DeviceKnown> ModuleMembers;
 };
 
 } // namespace clang::tidy::tensor

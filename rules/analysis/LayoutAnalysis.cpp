@@ -606,7 +606,8 @@ TensorFact LayoutAnalysis::Impl::onCertainCUDA(TensorFact F, const Expr *E) {
 
 // A module's output (`m(x)`, `m->forward(x)`): what a forward of the TU
 // returns, on the device of its input, as every layer computes (a module
-// whose parameters are elsewhere throws).
+// whose parameters are elsewhere throws), or on CUDA where the device facts
+// know the module is (a member its class moves there).
 TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const FunctionDecl *FD,
                                               const Expr *Input, State &S) {
   if (!Model.isTensorExpr(Call))
@@ -616,7 +617,7 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
   TensorFact F = R ? *R : assumedResult(Call);
   if (const Expr *M = R ? nullptr : calledModule(Call); T && M)
     libraryModuleLayout(libraryModuleName(M->getType()), Call, evalTensor(T, S), F);
-  return onInputDevice(F, T, S);
+  return onCertainCUDA(onInputDevice(F, T, S), Call);
 }
 
 // Library modules whose output has their input's sizes: activations and
@@ -735,7 +736,10 @@ TensorFact LayoutAnalysis::Impl::rnnOutput(const Expr *E, const CallExpr *Rnn, S
   const Expr *In = Model.tensorOperand(moduleInput(Rnn));
   TensorFact InF = In ? evalTensor(In, S) : unknownFact();
   if (rnnBatchFirst(Rnn) == true && !(InF.Sizes && InF.Sizes->size() == 2)) {
-    Shape Sz = {ST.sym(Rnn, 1), ST.sym(Rnn, 2), ST.sym(Rnn, 3)};
+    // Batch and time are the input's (`x.unsqueeze(1)`: one step, which the
+    // transpose leaves viewable); the features are the module's.
+    auto InSize = [&](std::int64_t D) { return sizeAt(InF, D).value_or(ST.sym(Rnn, D + 1)); };
+    Shape Sz = {InSize(0), InSize(1), ST.sym(Rnn, 3)};
     setLayout(F, Sz, {Sz[2], ST.mul(Sz[0], Sz[2]), Mono::constant(1)});
     F.AssumedSource.clear(); // sizes > 1 only: the message names the module
     F.Src = F.Root = Rnn;
@@ -870,11 +874,12 @@ std::optional<Mono> LayoutAnalysis::Impl::sizeAt(const TensorFact &F,
   if (F.Sizes) {
     if (auto N = normDim(D, F.Sizes->size()))
       return (*F.Sizes)[*N];
-  } else if (F.Src && D && *D >= 0) {
+  } else if (D && *D >= 0) {
     std::int64_t K = *D == F.SwapA ? F.SwapB : *D == F.SwapB ? F.SwapA : *D;
     if (K < 32 && (F.UnitDims >> K) & 1)
-      return Mono::constant(1);
-    return ST.sym(F.Src, K + 1);
+      return Mono::constant(1); // `x.unsqueeze(1).size(1)`, whatever x's sizes
+    if (F.Src)
+      return ST.sym(F.Src, K + 1);
   }
   return std::nullopt;
 }

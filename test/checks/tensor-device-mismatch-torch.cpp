@@ -413,3 +413,46 @@ void histogramMixedInputs(const Tensor &img, const Tensor &mean) {
   auto x = normalizeRgb(img.to(device), mean.cpu()); // throws in the helper, not here
   hist += torch::histc(x, 10, 0, 1);
 }
+
+// A plain class that moves its module member to CUDA in its constructor:
+// the member computes on CUDA and its parameters are there.
+class HumanScorer {
+public:
+  HumanScorer() : device_(torch::kCUDA) { dec_->to(device_); }
+  Tensor agreement(const Tensor &z, const std::vector<float> &human) {
+    auto score = dec_->forward(z);
+    auto h = torch::tensor(human);
+    return score * h;
+    // CHECK-MESSAGES: :[[@LINE-1]]:18: error: '*' combines the CPU tensor 'h' with 'score'
+  }
+  Tensor scaledWeight(const std::vector<float> &w) {
+    return dec_->fc->weight * torch::tensor(w);
+    // CHECK-MESSAGES: :[[@LINE-1]]:29: error: '*' combines the CPU tensor 'torch::tensor(w)' with 'dec_->fc->weight'
+  }
+
+private:
+  torch::Device device_;
+  Decoder dec_;
+};
+
+// Negatives: another method moves it back; a module's member moves with it.
+class Offloader {
+public:
+  Offloader() : device_(torch::kCUDA) { dec_->to(device_); }
+  void offload() { dec_->to(torch::kCPU); }
+  Tensor agreement(const Tensor &z, const std::vector<float> &human) {
+    return dec_->forward(z) * torch::tensor(human);
+  }
+
+private:
+  torch::Device device_;
+  Decoder dec_;
+};
+
+struct Wrapper : torch::nn::Module {
+  Wrapper() { dec_ = register_module("dec", Decoder()); dec_->to(torch::kCUDA); }
+  Tensor agreement(const Tensor &z, const std::vector<float> &human) {
+    return dec_->forward(z) * torch::tensor(human);
+  }
+  Decoder dec_{nullptr};
+};

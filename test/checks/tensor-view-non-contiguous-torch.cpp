@@ -107,6 +107,11 @@ struct TaggerImpl : torch::nn::Module {
     auto out = std::get<0>(lstm(x));
     return out.contiguous().view({-1, hidden_});
   }
+  // One step (`x.unsqueeze(1)`): the dim the transpose swaps has size 1.
+  torch::Tensor oneStep(torch::Tensor x) {
+    auto res = lstm->forward(x.unsqueeze(1));
+    return std::get<0>(res).view({x.size(0), hidden_});
+  }
   // h_n is [layers, B, H] and contiguous whatever batch_first says.
   torch::Tensor hidden(torch::Tensor x) {
     auto [out, state] = lstm->forward(x);
