@@ -69,6 +69,15 @@ std::string loss(StringRef Src, StringRef Dst) {
 
 // The tensor a view chain starts from (`buf` of `buf.narrow(0, i, n)[j]`):
 // the destination named in the fix-it, the source whose name is read.
+// A collate step, `batch.atoms[i].narrow(0, 0, n).copy_(item.atoms)`: the
+// source and the destination are fields of one name, so they hold the same
+// kind of data (no float32 default for the source).
+bool sameField(const Expr *Src, const Expr *Dst) {
+  const auto *A = dyn_cast_or_null<MemberExpr>(Src);
+  const auto *B = dyn_cast_or_null<MemberExpr>(Dst);
+  return A && B && A->getMemberDecl()->getDeclName() == B->getMemberDecl()->getDeclName();
+}
+
 const Expr *baseOf(const Expr *E) {
   for (int I = 0; E && I < 8; ++I) {
     E = stripHandle(E);
@@ -197,7 +206,7 @@ CopyNarrowingCheck::sourceDType(const Copy &C, const TensorFact &D, const Tensor
                            : std::optional(SourceDType{S.DType, false, "", Fact::DTypesKnown});
   const Expr *Base = baseOf(C.Src);
   if (!AssumeFloatSources || kindOf(D.DType) == Kind::Floating || !Base ||
-      S.KindSource.CallResult)
+      S.KindSource.CallResult || sameField(Base, baseOf(C.Dst)))
     return std::nullopt;
   std::string Name = Lexer::getSourceText(CharSourceRange::getTokenRange(Base->getSourceRange()),
                                           *Result.SourceManager, Result.Context->getLangOpts())

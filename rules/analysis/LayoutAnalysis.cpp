@@ -365,6 +365,9 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
     if (const FieldDecl *Own = thisMember(ME))
       if (auto It = S.M.find(Own); It != S.M.end())
         return It->second;
+    if (auto K = localField(ME))
+      if (auto It = S.L.find(*K); It != S.L.end())
+        return It->second;
     const ValueDecl *Field = ME->getMemberDecl();
     TensorFact F = assumedInput(E, "member '" + Field->getNameAsString() + "'", Field->getName());
     if (const auto *FD = dyn_cast<FieldDecl>(Field))
@@ -391,6 +394,29 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
 const FieldDecl *LayoutAnalysis::Impl::thisMember(const Expr *E) const {
   const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(E ? stripHandle(E) : nullptr));
   return F && Model.isTensorType(F->getType()) ? F : nullptr;
+}
+
+// The tensor field of a local struct variable that E names (`data.ts`), when
+// the variable is tracked: a local of this body, not a reference, its address
+// never taken (prescan).
+std::optional<std::pair<const VarDecl *, const FieldDecl *>>
+LayoutAnalysis::Impl::localField(const Expr *E) const {
+  const auto *ME = dyn_cast_or_null<MemberExpr>(E ? stripHandle(E) : nullptr);
+  const auto *F = ME ? dyn_cast<FieldDecl>(ME->getMemberDecl()) : nullptr;
+  const VarDecl *V = ME && !ME->isArrow() ? varOf(ME->getBase()) : nullptr;
+  if (!F || !V || !Model.isTensorType(F->getType()) || !V->isLocalVarDecl() ||
+      V->getType()->isReferenceType() || Untracked.count(V))
+    return std::nullopt;
+  return std::make_pair(V, F);
+}
+
+void LayoutAnalysis::Impl::forgetFields(State &S, const VarDecl *V) {
+  llvm::SmallVector<std::pair<const VarDecl *, const FieldDecl *>, 4> Drop;
+  for (const auto &[K, F] : S.L)
+    if (K.first == V)
+      Drop.push_back(K);
+  for (const auto &K : Drop)
+    S.L.erase(K);
 }
 
 // A call that may assign members of `this`: anything but tensor library
@@ -979,6 +1005,7 @@ bool LayoutAnalysis::Impl::join(State &Into, const State &From) {
   State Old = Into;
   joinFacts(Into.T, From.T);
   joinFacts(Into.M, From.M);
+  joinFacts(Into.L, From.L);
   llvm::SmallVector<const VarDecl *, 8> Drop;
   for (auto &[V, M] : Into.I) {
     auto It = From.I.find(V);
@@ -1009,8 +1036,12 @@ void LayoutAnalysis::Impl::prescan(const Stmt *St) {
   }
   if (const auto *DS = dyn_cast<DeclStmt>(St))
     for (const Decl *D : DS->decls())
-      if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getType()->isReferenceType())
+      if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getType()->isReferenceType()) {
         Mark(VD->getInit());
+        if (const auto *ME = dyn_cast_or_null<MemberExpr>(
+                VD->getInit() ? stripHandle(VD->getInit()) : nullptr)) // `auto &t = b.x;`
+          Mark(ME->getBase());
+      }
   for (const Stmt *C : St->children())
     prescan(C);
 }
@@ -1030,6 +1061,7 @@ void LayoutAnalysis::Impl::transfer(const Stmt *St, State &S) {
       const auto *VD = dyn_cast<VarDecl>(D);
       if (!VD || VD->getType()->isReferenceType())
         continue;
+      forgetFields(S, VD); // declared anew (each iteration of a loop body)
       if (Model.isTensorType(VD->getType()))
         assignTensor(VD, VD->getInit(), S);
       else if (VD->getType()->isIntegerType() && !Untracked.count(VD) && VD->getInit())
@@ -1230,6 +1262,13 @@ void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
       S.M[F] = V;
       return;
     }
+    if (auto K = localField(OC->getArg(0))) {
+      TensorFact V = evalTensor(OC->getArg(1), S);
+      S.L[*K] = V;
+      return;
+    }
+    if (const VarDecl *V = varOf(OC->getArg(0))) // `b = next_batch()`: every field anew
+      forgetFields(S, V);
   }
   if (mayAssignMembers(Call))
     S.M.clear();
@@ -1246,6 +1285,11 @@ void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
     if (const FieldDecl *F = thisMember(MC->getImplicitObjectArgument()); F && FD &&
         FD->getIdentifier() && !sem::inPlaceKeepsLayout(FD->getName()))
       S.M.erase(F);
+    if (auto K = localField(MC->getImplicitObjectArgument()); K && FD && FD->getIdentifier() &&
+        !sem::inPlaceKeepsLayout(FD->getName()))
+      S.L.erase(*K);
+    if (V && !Model.isTensorType(V->getType())) // a method of the struct itself
+      forgetFields(S, V);
   }
   forgetWrittenArgs(Call, S);
 }
@@ -1284,7 +1328,10 @@ void LayoutAnalysis::Impl::forgetWrittenArgs(const CallExpr *Call, State &S) {
     if (V && Writable) {
       S.T.erase(V);
       S.I.erase(V);
+      forgetFields(S, V);
     }
+    if (auto K = localField(Call->getArg(I)); K && Writable)
+      S.L.erase(*K);
     if (const FieldDecl *F = thisMember(Call->getArg(I)); F && Writable)
       S.M.erase(F);
   }

@@ -33,8 +33,14 @@ struct LayoutAnalysis::State {
   /// Members of `this` the body assigned (`particles_ = x.expand(...)`), until
   /// a call that may assign them again.
   llvm::DenseMap<const FieldDecl *, TensorFact> M;
+  /// Tensor fields of local struct variables the body assigned
+  /// (`data.timestamps = torch::empty({n}, torch::kFloat)`), until the
+  /// variable is assigned whole, redeclared or given to a writing call.
+  llvm::DenseMap<std::pair<const VarDecl *, const FieldDecl *>, TensorFact> L;
 
-  bool operator==(const State &O) const { return T == O.T && I == O.I && M == O.M; }
+  bool operator==(const State &O) const {
+    return T == O.T && I == O.I && M == O.M && L == O.L;
+  }
 };
 
 /// A tensor op call being evaluated: its name, table row, self and arguments.
@@ -236,6 +242,8 @@ public:
   layout::DTypeName madeDType(const FieldDecl *F) const;
   const void *memberStorage(const MemberExpr *ME);
   const FieldDecl *thisMember(const Expr *E) const;
+  std::optional<std::pair<const VarDecl *, const FieldDecl *>> localField(const Expr *E) const;
+  static void forgetFields(State &S, const VarDecl *V);
   bool mayAssignMembers(const CallExpr *Call) const;
   layout::DTypeName assertedDTypeIn(const Stmt *S, const FieldDecl *F) const;
   void assertionFacts(const Expr *E, State &S);

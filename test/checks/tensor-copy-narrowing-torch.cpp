@@ -218,3 +218,53 @@ void timestamps(std::vector<double> &ts, std::vector<float> &fs) {
   d.copy_(torch::from_blob(ts.data(), {n}, torch::kDouble));
   t.copy_(torch::from_blob(fs.data(), {n}, torch::TensorOptions().dtype(torch::kFloat)));
 }
+
+// A field of a local struct keeps the value the body gave it, until the
+// variable is assigned whole, a field is bound to a reference or written by
+// a call, or paths disagree.
+struct Interactions { torch::Tensor users, timestamps; };
+void writeTimestamp(torch::Tensor &t);
+Interactions loadInteractions(std::vector<double> &ts, bool flag) {
+  const auto n = static_cast<int64_t>(ts.size());
+  auto src = torch::from_blob(ts.data(), {n}, torch::kDouble);
+  Interactions data;
+  data.timestamps = torch::empty({n}, torch::kFloat);
+  data.timestamps.copy_(src);
+  // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: copy_ silently converts float64 to float32 (the destination's dtype)
+  Interactions both;
+  both.timestamps = torch::empty({n}, torch::kFloat);
+  if (flag)
+    both.timestamps = torch::empty({n}, torch::kDouble);
+  both.timestamps.copy_(src);
+  Interactions called;
+  called.timestamps = torch::empty({n}, torch::kFloat);
+  writeTimestamp(called.timestamps);
+  called.timestamps.copy_(src);
+  Interactions bound;
+  bound.timestamps = torch::empty({n}, torch::kFloat);
+  auto &t = bound.timestamps;
+  t = torch::empty({n}, torch::kDouble);
+  bound.timestamps.copy_(src);
+  Interactions whole;
+  whole.timestamps = torch::empty({n}, torch::kFloat);
+  whole = Interactions{src, src};
+  whole.timestamps.copy_(src);
+  return data;
+}
+
+// Collating: an item's field copied into the batch's field of the same name
+// holds the same kind of data, whatever the item's dtype is.
+struct Molecule { torch::Tensor atoms, charges; };
+struct MolBatch { torch::Tensor atoms, counts; };
+MolBatch collate(const std::vector<Molecule> &mols, int64_t n) {
+  const auto B = static_cast<int64_t>(mols.size());
+  MolBatch g;
+  g.atoms = torch::zeros({B, n}, torch::kLong);
+  g.counts = torch::zeros({B, n}, torch::kLong);
+  for (int64_t i = 0; i < B; ++i) {
+    g.atoms[i].copy_(mols[i].atoms);
+    g.counts[i].copy_(mols[i].charges);
+    // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: copy_ silently converts float32 to int64 (the destination's dtype): fractions are truncated toward zero (assuming member 'charges' is float32
+  }
+  return g;
+}
