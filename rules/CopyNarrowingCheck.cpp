@@ -69,15 +69,6 @@ std::string loss(StringRef Src, StringRef Dst) {
 
 // The tensor a view chain starts from (`buf` of `buf.narrow(0, i, n)[j]`):
 // the destination named in the fix-it, the source whose name is read.
-// A collate step, `batch.atoms[i].narrow(0, 0, n).copy_(item.atoms)`: the
-// source and the destination are fields of one name, so they hold the same
-// kind of data (no float32 default for the source).
-bool sameField(const Expr *Src, const Expr *Dst) {
-  const auto *A = dyn_cast_or_null<MemberExpr>(Src);
-  const auto *B = dyn_cast_or_null<MemberExpr>(Dst);
-  return A && B && A->getMemberDecl()->getDeclName() == B->getMemberDecl()->getDeclName();
-}
-
 const Expr *baseOf(const Expr *E) {
   for (int I = 0; E && I < 8; ++I) {
     E = stripHandle(E);
@@ -99,6 +90,15 @@ const Expr *baseOf(const Expr *E) {
     break;
   }
   return E && isa<DeclRefExpr, MemberExpr>(E) ? E : nullptr;
+}
+
+// A collate step, `batch.atoms[i].narrow(0, 0, n).copy_(item.atoms)`: the
+// source and the destination are fields of one name, so they hold the same
+// kind of data (no float32 default for the source).
+bool sameField(const Expr *Src, const Expr *Dst) {
+  const auto *A = dyn_cast_or_null<MemberExpr>(Src);
+  const auto *B = dyn_cast_or_null<MemberExpr>(Dst);
+  return A && B && A->getMemberDecl()->getDeclName() == B->getMemberDecl()->getDeclName();
 }
 
 } // namespace

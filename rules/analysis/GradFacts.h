@@ -5,8 +5,6 @@
 // stay silent. See docs/design.md, "Autograd facts".
 #pragma once
 
-#include <functional>
-
 #include "analysis/TensorModel.h"
 
 #include "clang/AST/Decl.h"
@@ -22,6 +20,8 @@ namespace clang {
 class CFG;
 class CFGBlock;
 } // namespace clang
+
+#include <functional>
 
 namespace clang::tidy::tensor {
 

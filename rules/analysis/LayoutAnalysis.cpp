@@ -130,6 +130,14 @@ DTypeName dtypeIn(const Stmt *S) {
   return {};
 }
 
+// The first dtype a call's arguments name (`zeros({n}, torch::kLong)`).
+DTypeName dtypeInArgs(llvm::ArrayRef<const Expr *> Args) {
+  for (const Expr *A : Args)
+    if (DTypeName T = dtypeIn(A); T.Size)
+      return T;
+  return {};
+}
+
 // The device an argument names: kCPU / "cpu" is the CPU; any other device
 // expression (kCUDA, a torch::Device variable) an accelerator, since code
 // that moves tensors to a device it computes targets one. *Runtime is set when
@@ -323,6 +331,12 @@ TensorFact LayoutAnalysis::Impl::evalVar(const VarDecl *VD, const Expr *Ref, Sta
   if (VD->hasLocalStorage() && VD->getDeclContext() == Fn)
     return unknownFact();
   return assumedInput(VD, "'" + VD->getName().str() + "'", VD->getName());
+}
+
+// The arguments of Call before FD's first parameter: `m(x)` passes the
+// object as argument 0 of a member operator call.
+static unsigned objectArgs(const CallExpr *Call, const FunctionDecl *FD) {
+  return isa<CXXOperatorCallExpr>(Call) && isa<CXXMethodDecl>(FD) ? 1 : 0;
 }
 
 static const VarDecl *varOf(const Expr *E) {
@@ -586,13 +600,11 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
 // its result's; the rest is taken with the defaults.
 TensorFact LayoutAnalysis::Impl::unlistedMaker(const OpCall &C) {
   TensorFact F = assumedResult(C.Call);
-  for (const Expr *A : C.Args)
-    if (DTypeName DT = dtypeIn(A); DT.Size) {
-      F.DType = DT.Name;
-      F.ElemSize = DT.Size;
-      F.DTypeAssumed = false;
-      break;
-    }
+  if (DTypeName DT = dtypeInArgs(C.Args); DT.Size) {
+    F.DType = DT.Name;
+    F.ElemSize = DT.Size;
+    F.DTypeAssumed = false;
+  }
   return F;
 }
 
@@ -821,9 +833,7 @@ std::optional<Mono> LayoutAnalysis::Impl::bindCalleeSymbol(const CallExpr *Call,
     bool OnThis = MC && isa<CXXThisExpr>(MC->getImplicitObjectArgument()->IgnoreParenImpCasts());
     return OnThis ? std::optional<Mono>(ST.sym(K, I)) : std::nullopt;
   }
-  const auto *MD = dyn_cast<CXXMethodDecl>(FD);
-  // `m(x)` passes the object as argument 0 of the operator call.
-  unsigned Shift = isa<CXXOperatorCallExpr>(Call) && MD && !MD->isStatic() ? 1 : 0;
+  unsigned Shift = objectArgs(Call, FD);
   for (unsigned J = 0; J < FD->getNumParams() && J + Shift < Call->getNumArgs(); ++J) {
     const ParmVarDecl *P = FD->getParamDecl(J);
     const Expr *Arg = Call->getArg(J + Shift);
@@ -1319,7 +1329,7 @@ void LayoutAnalysis::Impl::forgetWrittenArgs(const CallExpr *Call, State &S) {
   // tensor parameters are inputs.
   if (!FD || isModuleCall(Call))
     return;
-  unsigned Shift = isa<CXXOperatorCallExpr>(Call) && isa<CXXMethodDecl>(FD) ? 1 : 0;
+  unsigned Shift = objectArgs(Call, FD);
   for (unsigned I = Shift; I < Call->getNumArgs() && I - Shift < FD->getNumParams(); ++I) {
     const VarDecl *V = varOf(Call->getArg(I));
     QualType PT = FD->getParamDecl(I - Shift)->getType();

@@ -17,6 +17,7 @@ bool intList(const Expr *E, llvm::SmallVectorImpl<const Expr *> &Out);
 std::optional<std::int64_t> constInt(const Expr *E, const ASTContext &Ctx);
 DTypeName dtypeNamed(llvm::StringRef N);
 DTypeName dtypeIn(const Stmt *S);
+DTypeName dtypeInArgs(llvm::ArrayRef<const Expr *> Args);
 TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime = nullptr,
                                 DeviceFacts *Vars = nullptr);
 TensorFact unknownFact();

@@ -283,10 +283,7 @@ const Expr *LayoutAnalysis::Impl::optionsOfTensor(llvm::ArrayRef<const Expr *> A
 
 TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   TensorFact F = freshContiguous(C.Call);
-  DTypeName DT;
-  for (const Expr *A : C.Args)
-    if (!DT.Size)
-      DT = dtypeIn(A);
+  DTypeName DT = dtypeInArgs(C.Args);
   F.Device = factoryDevice(C.Args, F.DeviceRuntime, deviceVars(), Locals);
   if (const Expr *Of = F.Device == TensorFact::AnyDevice ? optionsOfTensor(C.Args) : nullptr) {
     TensorFact T = evalTensor(Of, C.S); // `zeros({}, x.options())`: x's device and dtype
