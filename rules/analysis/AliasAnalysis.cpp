@@ -870,6 +870,9 @@ void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned B
         continue;
       if (const Stmt *Read = laterRead(V, Block, Index))
         Add(V, Exposure::ReadLater, Read, *First);
+      else if (WantDetach)
+        if (const Stmt *Bwd = AA.savedUse(V, W.Write)) // autograd reads it
+          Add(V, Exposure::SavedForBackward, Bwd, *First);
     }
     // Storage owned outside this function.
     for (const Reach &I : Reached) {

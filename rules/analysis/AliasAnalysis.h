@@ -49,6 +49,7 @@ enum class Exposure : uint8_t {
   External,     // a reference to storage this function does not own
   Stored,       // stored into a member, global or reference parameter, or captured by a lambda
   RequiresGrad, // made with requires_grad(true) or given requires_grad_()
+  SavedForBackward, // an op saved it for backward, and a backward() runs after the write
 };
 
 // A handle that sees an in-place write.
@@ -103,6 +104,15 @@ public:
   void setCopiesOracle(std::function<bool(const CallExpr *)> F) { Copies = std::move(F); }
   bool copies(const CallExpr *Call) const { return Copies && Copies(Call); }
 
+  /// The backward() that reads V's value at Write because an earlier op
+  /// saved it (the AnalysisManager answers from the grad facts); null when
+  /// none. Asked only of a detached write's source that is not read again.
+  using SavedUse = std::function<const Stmt *(const ValueDecl *V, const Expr *Write)>;
+  void setSavedOracle(SavedUse F) { Saved = std::move(F); }
+  const Stmt *savedUse(const ValueDecl *V, const Expr *Write) const {
+    return Saved ? Saved(V, Write) : nullptr;
+  }
+
 private:
   struct Cached {
     std::unique_ptr<FunctionAliasResult> Result;
@@ -114,6 +124,7 @@ private:
   const TensorModel &Model;
   ASTContext &Ctx;
   std::function<bool(const CallExpr *)> Copies;
+  SavedUse Saved;
   llvm::DenseMap<const FunctionDecl *, Cached> Cache;
   llvm::DenseMap<const FunctionDecl *, bool> InProgress;
 };

@@ -80,6 +80,10 @@ std::string exposureNote(const AffectedHandle &A) {
     return N + " is stored here and outlives this statement";
   case Exposure::RequiresGrad:
     return N + " requires grad";
+  case Exposure::SavedForBackward:
+    return N + " was saved for backward by an earlier op: backward() here raises \"one of the "
+               "variables needed for gradient computation has been modified by an inplace "
+               "operation\"";
   }
   return N;
 }
@@ -376,7 +380,10 @@ Finding writeFinding(StringRef Check, HazardKind Hazard, SourceLocation Loc, con
   default:
     F.Facts.push_back(Fact::HandleCopy);
   }
-  F.Facts.push_back(A.Why == Exposure::ReadLater ? Fact::ReadLater : Fact::Escapes);
+  if (A.Why == Exposure::SavedForBackward)
+    F.Facts.insert(F.Facts.end(), {Fact::SavedForBackward, Fact::BackwardInFunction});
+  else
+    F.Facts.push_back(A.Why == Exposure::ReadLater ? Fact::ReadLater : Fact::Escapes);
   return F;
 }
 

@@ -1,6 +1,7 @@
 #include "analysis/AnalysisManager.h"
 
 #include "analysis/AstHelpers.h"
+#include "analysis/SavedSearch.h"
 
 #include "llvm/ADT/StringExtras.h"
 
@@ -13,6 +14,15 @@ AnalysisManager::AnalysisManager(const TensorModel &Model, ASTContext &Ctx)
     const LayoutAnalysis *L = layoutAt(Call);
     const ConversionQuery *Q = L ? L->conversionOf(Call) : nullptr;
     return Q && Q->Result == ConversionQuery::Copies;
+  });
+  // A detached write changes what an op saved: the backward after it raises.
+  Alias.setSavedOracle([this](const ValueDecl *V, const Expr *Write) -> const Stmt * {
+    const GradFacts *G = gradAt(Write);
+    if (!G || !G->cfg())
+      return nullptr;
+    SavedBy S = findSaver(*G, this->Model, V, Write,
+                          [&](const FunctionDecl *Callee) { return gradAt(Callee->getBody()); });
+    return S.Op ? findBackwardAfter(*G, this->Model, Write, S.Op) : nullptr;
   });
 }
 

@@ -83,6 +83,8 @@ static bool buildsTensorIndex(const TensorModel &M, const Stmt *S) {
 }
 
 llvm::StringRef TensorModel::rowName(const CallExpr *Call, llvm::StringRef Name) const {
+  if (Name == "logsigmoid") // torch::nn::functional's spelling of the row
+    return "log_sigmoid";
   if (Name != "index")
     return Name;
   for (const Expr *A : Call->arguments())

@@ -43,6 +43,19 @@ Tensor clippedCopy(const Tensor &grad) {
   return g;
 }
 
+// The source is not read again, but logsigmoid saved it for backward: the
+// detached write bumps the shared version counter and backward() raises.
+void marginLog(torch::nn::Linear &scorer, const Tensor &x) {
+  auto diff = scorer(x);
+  auto loss = -torch::nn::functional::logsigmoid(diff).mean();
+  auto margin = diff.detach();
+  margin.clamp_(-10.0, 10.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:10: warning: in-place 'clamp_' on 'margin' changes 'diff' behind autograd's back: 'detach()' shares storage and the version counter with its source [tensor-inplace-on-detached]
+  // CHECK-FIXES: {{^}}  auto margin = diff.detach().clone();{{$}}
+  loss.backward();
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: note: 'diff' was saved for backward by an earlier op: backward() here raises
+}
+
 // ===== negatives (the idioms) ================================================
 
 void loadWeights(torch::nn::Linear &fc, const Tensor &loaded) {
@@ -70,4 +83,22 @@ Tensor independent(const Tensor &x) {
   auto d = x.detach().clone();
   d.mul_(2);
   return d;
+}
+
+// sigmoid saves its result, not its input: writing the input's detached copy
+// is invisible to backward, and 'diff' is not read again.
+void marginSigmoid(torch::nn::Linear &scorer, const Tensor &x) {
+  auto diff = scorer(x);
+  auto loss = torch::sigmoid(diff).mean();
+  auto margin = diff.detach();
+  margin.clamp_(-10.0, 10.0);
+  loss.backward();
+}
+
+// The saved tensor is written through detach() only after backward() ran.
+void marginAfterBackward(torch::nn::Linear &scorer, const Tensor &x) {
+  auto p = torch::sigmoid(scorer(x));
+  p.mean().backward();
+  auto margin = p.detach();
+  margin.clamp_(0.1, 0.9);
 }
