@@ -23,7 +23,8 @@ bool known(const TensorFact &F, TensorFact::DeviceKind D) {
 // Ops PyTorch runs through TensorIterator accept a 0-dim CPU tensor next to
 // CUDA tensors (a "CPU scalar"); these do not (they need dim >= 1 anyway).
 bool rejectsCpuScalars(StringRef Op) {
-  return llvm::is_contained({"matmul", "mm", "bmm", "linear", "conv1d", "conv2d"}, Op);
+  return llvm::is_contained({"matmul", "mm", "bmm", "linear", "conv1d", "conv2d", "cat", "stack"},
+                            Op);
 }
 
 // Ops that take tensors on other devices by design: copies and conversions,
@@ -182,6 +183,10 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
   for (const Expr *A : Call->arguments())
     if (const Expr *T = Model.tensorOperand(A))
       Es.push_back(T);
+    else // `torch::cat({a, b})`
+      for (const Expr *E : bracedElements(A))
+        if (Model.isTensorExpr(E))
+          Es.push_back(E);
   if (Es.size() < 2)
     return;
   const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Call);
@@ -241,8 +246,9 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
   std::string CpuText = textOf(M.Cpu, Ctx);
   const Expr *Cpu = stripHandle(M.Cpu);
   const auto *COC = dyn_cast<CXXOperatorCallExpr>(Cpu);
-  bool Postfix = COC ? COC->getOperator() == OO_Subscript
-                     : isa<DeclRefExpr, MemberExpr, CallExpr, ParenExpr>(Cpu);
+  bool Postfix = isa<ParenExpr>(M.Cpu->IgnoreImplicit()) ||
+                 (COC ? COC->getOperator() == OO_Subscript
+                      : isa<DeclRefExpr, MemberExpr, CallExpr, ParenExpr>(Cpu));
   std::string Moved = (Postfix ? CpuText : "(" + CpuText + ")") + ".to(" + M.Device + ")";
   bool Fixable = !M.Device.empty() && !M.Cpu->getBeginLoc().isMacroID() &&
                  !M.Cpu->getEndLoc().isMacroID() && !inTemplateInstantiation(M.Call, Ctx);

@@ -6,8 +6,8 @@ whether autograd records the op; and every TT_SAVES row (what an op saves for
 backward), plus the probed ops that are not listed (they must save nothing),
 by modifying the result or an input in place and running backward; and the
 TT_RESHAPES_SELF rows (in-place ops that change self's layout; other in-place
-ops must keep it); the TT_RESULT_DTYPE, TT_VALUES_INDICES and TT_WHOLE_RESULT rows (result
-dtypes, whole-number results). Exit 0 all agree, 1 a row disagrees or has
+ops must keep it); the TT_RESULT_DTYPE, TT_VALUES_INDICES, TT_WHOLE_RESULT and
+TT_KEEPS_WHOLE rows (result dtypes, whole-number results). Exit 0 all agree, 1 a row disagrees or has
 no probe, 2 PyTorch is missing."""
 import pathlib
 import re
@@ -20,6 +20,7 @@ RESHAPES_ROW = re.compile(r"^TT_RESHAPES_SELF\((\w+)\)", re.M)
 DTYPE_ROW = re.compile(r"^TT_RESULT_DTYPE\((\w+),\s*(\w+)\)", re.M)
 VALUES_INDICES_ROW = re.compile(r"^TT_VALUES_INDICES\((\w+)\)", re.M)
 WHOLE_ROW = re.compile(r"^TT_WHOLE_RESULT\((\w+)\)", re.M)
+KEEPS_WHOLE_ROW = re.compile(r"^TT_KEEPS_WHOLE\((\w+)\)", re.M)
 
 
 def probes(torch, F):
@@ -321,13 +322,28 @@ def result_dtype_disagreements(torch, F):
         if len(got) != 2 or (got[0].dtype, got[1].dtype) != (torch.float64, torch.long):
             problems.append("%s: ops.def says (values, indices), but PyTorch gives %s" % (
                 name, [t.dtype for t in got]))
-    wholes = WHOLE_ROW.findall(text)
-    for name in wholes:
-        x = torch.randn(64, dtype=torch.float64) * 100
-        got = getattr(torch, name)(x)
-        if got.dtype != x.dtype or not torch.equal(got, got.trunc()):
-            problems.append("%s: ops.def says whole numbers, but PyTorch gives %s" % (name, got[:3]))
-    return problems, len(rows) + len(pairs) + len(wholes)
+    whole_problems, wholes = whole_number_disagreements(torch, text)
+    return problems + whole_problems, len(rows) + len(pairs) + wholes
+
+
+def whole_number_disagreements(torch, text):
+    """TT_WHOLE_RESULT rows give whole numbers from any input; TT_KEEPS_WHOLE
+    rows keep whole numbers whole (with whole-number bounds), and are not
+    trivially so: a fraction in gives a fraction out."""
+    keep_probes = {"clamp": lambda x: x.clamp(-50, 50), "clamp_max": lambda x: x.clamp_max(10),
+                   "clamp_min": lambda x: x.clamp_min(-10)}
+    problems, checked = [], 0
+    for rows, whole_in in ((WHOLE_ROW.findall(text), False), (KEEPS_WHOLE_ROW.findall(text), True)):
+        for name in rows:
+            f = keep_probes.get(name, lambda x, n=name: getattr(torch, n)(x))
+            x = torch.randn(64, dtype=torch.float64) * 100
+            got = f(x.round() if whole_in else x)
+            if got.dtype != x.dtype or not torch.equal(got, got.trunc()):
+                problems.append("%s: ops.def says whole numbers, but PyTorch gives %s" % (name, got[:3]))
+            elif whole_in and torch.equal(f(x + 0.25), f(x + 0.25).trunc()):
+                problems.append("%s: keeps whole numbers only trivially (no fraction survives)" % name)
+            checked += 1
+    return problems, checked
 
 
 def main():

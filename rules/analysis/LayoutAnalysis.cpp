@@ -24,7 +24,7 @@ bool TensorFact::operator==(const TensorFact &O) const {
          DeviceAssumed == O.DeviceAssumed && AssumedSource == O.AssumedSource &&
          KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
          HasDims == O.HasDims && ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
-         DeviceRuntime == O.DeviceRuntime && FloatingOp == O.FloatingOp &&
+         DeviceRuntime == O.DeviceRuntime && Throws == O.Throws && FloatingOp == O.FloatingOp &&
          WholeValues == O.WholeValues && SwapA == O.SwapA &&
          SwapB == O.SwapB && UnitDims == O.UnitDims && MinChunks == O.MinChunks && Src == O.Src &&
          Origin == O.Origin && OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
@@ -235,8 +235,10 @@ TensorFact freshContiguous(const void *Src) {
 }
 
 TensorFact join(const TensorFact &A, const TensorFact &B) {
-  if (A == B)
+  if (A == B || B.Throws)
     return A;
+  if (A.Throws)
+    return B;
   TensorFact R;
   if (A.Contig == B.Contig)
     R.Contig = A.Contig;
@@ -566,6 +568,10 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
     for (const Expr *A : Args)
       if (const Expr *T = Model.tensorOperand(A))
         Facts[T] = evalTensor(T, S);
+      else // `torch::cat({a, b})`
+        for (const Expr *E : bracedElements(A))
+          if (Model.isTensorExpr(E))
+            Facts[E] = evalTensor(E, S);
   // In-place ops return self, its layout unchanged (bar TT_RESHAPES_SELF),
   // whether the table lists them or not (index_add_, masked_fill_).
   if (sem::inPlaceKeepsLayout(Row)) {
@@ -598,8 +604,29 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
 // A library function the table does not list that takes no tensor first
 // (`torch::from_blob(p, sizes, torch::kDouble)`): a dtype its options name is
 // its result's; the rest is taken with the defaults.
+// `torch::cat({a, b})`: on the device its tensors share; operands on two
+// devices the code shows make it throw.
+void LayoutAnalysis::Impl::onListDevice(const OpCall &C, TensorFact &F) {
+  std::optional<TensorFact> First;
+  for (const Expr *E : C.Args.empty() ? llvm::SmallVector<const Expr *, 4>()
+                                      : bracedElements(C.Args.front())) {
+    if (!Model.isTensorExpr(E))
+      continue;
+    TensorFact O = evalTensor(E, C.S);
+    if (!First)
+      First = O;
+    else
+      combineDevice(*First, *First, O);
+  }
+  if (First && First->Device != TensorFact::AnyDevice)
+    inheritDevice(F, *First);
+  F.Throws = First && First->Throws;
+}
+
 TensorFact LayoutAnalysis::Impl::unlistedMaker(const OpCall &C) {
   TensorFact F = assumedResult(C.Call);
+  if (C.Op)
+    onListDevice(C, F);
   if (DTypeName DT = dtypeInArgs(C.Args); DT.Size) {
     F.DType = DT.Name;
     F.ElemSize = DT.Size;

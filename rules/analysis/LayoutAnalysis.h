@@ -66,6 +66,9 @@ struct TensorFact {
   /// The accelerator came from a run-time device value (a torch::Device
   /// variable, `other.device()`): it may be the CPU.
   bool DeviceRuntime = false;
+  /// Made by an op that certainly throws (operands on two devices the code
+  /// shows): no value flows from it, so a join takes the other side's fact.
+  bool Throws = false;
   /// Made by an op whose result is floating point whatever its input's dtype
   /// (softmax, exp, true division): floating even when DType is unknown.
   bool FloatingOp = false;

@@ -194,6 +194,25 @@ public:
     R.DeviceRuntime = Self.DeviceRuntime;
     R.KindSource = Self.KindSource;
   }
+  // The device of an op's result, given another tensor operand O: a CPU
+  // scalar tensor goes where the other operand is; operands on two devices
+  // the code shows make the op throw (device-mismatch says so once), so what
+  // follows is not judged on a device it never gets. Else self's device.
+  static void combineDevice(TensorFact &R, const TensorFact &Self, const TensorFact &O) {
+    if (O.Device == TensorFact::AnyDevice || Self.Device == TensorFact::AnyDevice ||
+        O.Device == Self.Device)
+      return;
+    auto Scalar = [](const TensorFact &F) {
+      return F.Device == TensorFact::CPU && F.Sizes && F.Sizes->empty();
+    };
+    auto Shown = [](const TensorFact &F) { return !F.DeviceAssumed && !F.DeviceRuntime; };
+    if (Scalar(Self)) {
+      inheritDevice(R, O);
+    } else if (!Scalar(O) && Shown(Self) && Shown(O)) {
+      R.Device = TensorFact::AnyDevice;
+      R.Throws = true;
+    }
+  }
   TensorFact unknownLike(const TensorFact &Self) const {
     TensorFact U;
     inheritKind(U, Self);
@@ -235,6 +254,7 @@ public:
   void libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call, const TensorFact &In,
                            TensorFact &F);
   TensorFact mixedLayout(const TensorFact &Self, const TensorFact &O);
+  void onListDevice(const OpCall &C, TensorFact &F);
   void resultDType(const OpCall &C, TensorFact &R);
   void prescan(const Stmt *St);
   void assignTensor(const VarDecl *V, const Expr *Init, State &S);

@@ -1171,11 +1171,7 @@ TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
   inheritKind(R, C.Self);
   resultDType(C, R);
   TensorFact O = C.arg(0) ? evalTensor(C.arg(0), C.S) : unknownFact();
-  // Operands on two devices: the op throws (device-mismatch says so once);
-  // what follows is not judged on a device it never gets.
-  if (O.Device != TensorFact::AnyDevice && C.Self.Device != TensorFact::AnyDevice &&
-      O.Device != C.Self.Device)
-    R.Device = TensorFact::AnyDevice;
+  combineDevice(R, C.Self, O);
   if (auto Sz = batchedLikeKnown(C, C.Self.Sizes, O.Sizes))
     setContiguous(R, *Sz);
   else if (C.Name == "mm" && (!C.Self.Sizes || !O.Sizes)) // always [n, m]
@@ -1206,15 +1202,22 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
   TensorFact R = C.Self;
   if (C.Op->storage == sem::Storage::Fresh)
     R.Src = C.Call;
+  std::optional<TensorFact> Mixed;
   for (const Expr *A : C.Args) {
     if (!Model.isTensorExpr(A))
       continue;
     TensorFact O = evalTensor(A, C.S);
-    if (O.Sizes && C.Self.Sizes && *O.Sizes == *C.Self.Sizes && *O.Strides == *C.Self.Strides)
-      continue;
-    return mixedLayout(C.Self, O);
+    combineDevice(R, C.Self, O);
+    if (!Mixed && !(O.Sizes && C.Self.Sizes && *O.Sizes == *C.Self.Sizes &&
+                     *O.Strides == *C.Self.Strides))
+      Mixed = mixedLayout(C.Self, O);
   }
-  return R;
+  if (!Mixed)
+    return R;
+  Mixed->Device = R.Device;
+  Mixed->DeviceRuntime = R.DeviceRuntime;
+  Mixed->Throws = R.Throws;
+  return *Mixed;
 }
 
 // The result of operands of different layouts. TensorIterator
@@ -1241,8 +1244,9 @@ TensorFact LayoutAnalysis::Impl::mixedLayout(const TensorFact &Self, const Tenso
   return U;
 }
 
-// A floating-point number passed as a Scalar (`x * 0.5`, `x.add(t, 0.1)`).
-static bool isFloatScalar(const Expr *A) {
+// The number a Scalar argument was built from (`Scalar(0.5)`,
+// `optional<Scalar>(255)`), without its conversions.
+static const Expr *scalarSource(const Expr *A) {
   for (int I = 0; A && I < 4; ++I) {
     A = A->IgnoreImplicit();
     const auto *CE = dyn_cast<CXXConstructExpr>(A);
@@ -1250,7 +1254,38 @@ static bool isFloatScalar(const Expr *A) {
       break;
     A = CE->getArg(0);
   }
-  return A && A->IgnoreParenImpCasts()->getType()->isRealFloatingType();
+  return A ? A->IgnoreParenImpCasts() : nullptr;
+}
+
+// A floating-point number passed as a Scalar (`x * 0.5`, `x.add(t, 0.1)`).
+static bool isFloatScalar(const Expr *A) {
+  const Expr *V = scalarSource(A);
+  return V && V->getType()->isRealFloatingType();
+}
+
+// An integer, or a floating literal with no fraction (`clamp(0, 255.0)`).
+static bool isWholeScalar(const Expr *A) {
+  const Expr *V = scalarSource(A);
+  if (const auto *U = dyn_cast_or_null<UnaryOperator>(V); U && U->getOpcode() == UO_Minus)
+    V = U->getSubExpr()->IgnoreParenImpCasts();
+  if (!V || V->getType()->isIntegerType())
+    return V != nullptr;
+  const auto *FL = dyn_cast<FloatingLiteral>(V);
+  if (!FL)
+    return false;
+  llvm::APFloat F = FL->getValue();
+  return F.isInteger();
+}
+
+// Whole numbers stay whole through a TT_KEEPS_WHOLE op whose scalar
+// arguments are whole (`x.round().clamp(0, 255)`).
+static bool keepsWholeValues(const OpCall &C) {
+  if (!C.Self.WholeValues || !sem::keepsWhole(C.Name))
+    return false;
+  for (size_t I = 0; I < C.Args.size(); ++I)
+    if (C.arg(I) && !isWholeScalar(C.arg(I)))
+      return false;
+  return true;
 }
 
 // The dtype of a computed result (ops.def's TT_RESULT_DTYPE rows; otherwise
@@ -1261,7 +1296,7 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   // div with a rounding mode keeps integers, and gives whole numbers.
   bool Rounding = C.Name == "div" && C.arg(1);
   bool Floating = Rule == sem::ResultDType::Floating && !Rounding;
-  R.WholeValues = Rounding || sem::wholeResult(C.Name);
+  R.WholeValues = Rounding || sem::wholeResult(C.Name) || keepsWholeValues(C);
   // Floating for certain: made so by this op, or by one before it (x.softmax(1).mul(10)).
   bool KeepsFloating = C.Self.FloatingOp && Rule == sem::ResultDType::Self;
   auto Set = [&R, Floating, KeepsFloating](DTypeName D, bool Assumed) {

@@ -609,6 +609,36 @@ bool LoopAnalysis::namesAny(const Expr *E, const llvm::DenseSet<const VarDecl *>
 // Whether Callee may keep its I-th argument beyond the call: return it (or a
 // handle or view of it), store it (an assignment, a container), capture it.
 // True when its body is not the user's code in the TU.
+// Whether E's value may share storage with a tensor it reads: false for the
+// result of a table op that allocates it (`pad.logical_not().sum(1)`).
+static bool mayShareStorage(const TensorModel &Model, const Expr *E) {
+  const auto *Call = dyn_cast_or_null<CallExpr>(stripHandle(E));
+  if (!Call)
+    return true;
+  const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
+  const sem::OpInfo *Op = OC ? sem::lookup(operatorOpName(OC)) : Model.opOf(Call);
+  if (!Op)
+    return true;
+  switch (Op->storage) {
+  case sem::Storage::Fresh:
+  case sem::Storage::Copy:
+  case sem::Storage::Factory:
+  case sem::Storage::None:
+    return false;
+  default:
+    return true;
+  }
+}
+
+// A local handle of Def (not a reference, not static): assigning it keeps nothing.
+static const VarDecl *localHandle(const Expr *L) {
+  const auto *D = dyn_cast_or_null<DeclRefExpr>(L ? stripHandle(L) : nullptr);
+  const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+  return V && V->isLocalVarDecl() && !V->isStaticLocal() && !V->getType()->isReferenceType()
+             ? V
+             : nullptr;
+}
+
 bool LoopAnalysis::mayKeepArg(const FunctionDecl *Callee, unsigned I) const {
   const FunctionDecl *Def = readableCallee(Callee);
   if (!Def || isa<CXXConstructorDecl>(Def) || I >= Def->getNumParams() || !Def->getBody() ||
@@ -630,12 +660,19 @@ bool LoopAnalysis::bodyKeepsParam(const FunctionDecl *Def, unsigned I) const {
       continue;
     if (const auto *DS = dyn_cast<DeclStmt>(S)) {
       for (const Decl *D : DS->decls())
-        if (const auto *V = dyn_cast<VarDecl>(D); V && V->getInit() && namesAny(V->getInit(), Alias))
+        if (const auto *V = dyn_cast<VarDecl>(D); V && V->getInit() &&
+                                                  namesAny(V->getInit(), Alias) &&
+                                                  mayShareStorage(Model, V->getInit()))
           Alias.insert(V);
-    } else if (const auto *RS = dyn_cast<ReturnStmt>(S); RS && namesAny(RS->getRetValue(), Alias)) {
+    } else if (const auto *RS = dyn_cast<ReturnStmt>(S); RS && namesAny(RS->getRetValue(), Alias) &&
+                                                         mayShareStorage(Model, RS->getRetValue())) {
       return true;
-    } else if (auto [L, R] = assignmentSides(S); R && namesAny(R, Alias)) {
-      return true;
+    } else if (auto [L, R] = assignmentSides(S);
+               R && namesAny(R, Alias) && mayShareStorage(Model, R)) {
+      const VarDecl *V = localHandle(L); // `pad = pad.narrow(...)`: another local alias
+      if (!V)
+        return true;
+      Alias.insert(V);
     } else if (const auto *C = dyn_cast<CallExpr>(S); C && C->getDirectCallee() &&
                                                       C->getDirectCallee()->getIdentifier() &&
                                                       isStoreName(C->getDirectCallee()->getName())) {
@@ -675,7 +712,8 @@ bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned 
       continue;
     if (const auto *DS = dyn_cast<DeclStmt>(S)) {
       for (const Decl *D : DS->decls())
-        if (const auto *V = dyn_cast<VarDecl>(D); V && V->getInit() && Touches(V->getInit()))
+        if (const auto *V = dyn_cast<VarDecl>(D);
+            V && V->getInit() && Touches(V->getInit()) && mayShareStorage(Model, V->getInit()))
           Alias.insert(V);
     } else if (const auto *L = dyn_cast<LambdaExpr>(S)) {
       for (const LambdaCapture &C : L->captures())

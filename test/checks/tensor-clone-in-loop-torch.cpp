@@ -254,3 +254,38 @@ void tuneRows(torch::nn::Embedding &emb, const torch::Tensor &has_vector, int64_
     emb->weight.grad().mul_(row_mask);
   }
 }
+
+// The module rebinds its padding argument locally and returns values it
+// computes from it: it neither writes nor keeps the copy, so the mask moved
+// to the device every step is still a repeated transfer.
+struct MaskedEncoderImpl : torch::nn::Module {
+  MaskedEncoderImpl() { fc = register_module("fc", torch::nn::Linear(8, 8)); }
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor &x,
+                                                  const torch::Tensor &pad_in) {
+    auto pad = pad_in;
+    if (pad.size(1) > x.size(1))
+      pad = pad.narrow(1, 0, x.size(1));
+    auto keep = pad.logical_not().to(x.dtype()).unsqueeze(-1);
+    auto h = fc(x) * keep;
+    return {h.sum(), keep.sum()};
+  }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(MaskedEncoder);
+
+struct CropLoader {
+  torch::Tensor next(); // defined elsewhere: an opaque call in the loop
+};
+
+void pretrainMasked(MaskedEncoder &model, CropLoader &loader, int64_t steps) {
+  torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  model->to(device);
+  auto no_pad = torch::zeros({4, 16}, torch::kBool);
+  for (int64_t s = 0; s < steps; ++s) {
+    auto c = loader.next().to(device);
+    auto pad = no_pad.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:23: warning: 'to' of loop-invariant 'no_pad' copies it to another device again on every iteration
+    auto out = model->forward(c, pad);
+    out.first.backward();
+  }
+}

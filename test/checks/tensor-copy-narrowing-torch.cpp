@@ -188,6 +188,19 @@ void wholeNumbersIntoInt(const Tensor &est) {
   // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts float32 to int32 (the destination's dtype): fractions are truncated toward zero (assuming 'est' is float32
 }
 
+// clamp, relu, abs, neg keep whole numbers whole (ops.def TT_KEEPS_WHOLE)
+// when their bounds are whole: the usual 8-bit image store.
+void wholeNumbersIntoBytes(const Tensor &img) {
+  auto out = torch::empty_like(img, torch::kByte);
+  out.copy_(((img + 1.0) * 127.5).round().clamp(0, 255));
+  out.copy_((img * 255.0).round().clamp(0.0, 255.0));
+  out.copy_((img * 255.0).floor().relu());
+  out.copy_((img * 255.0).round().clamp(0.5, 254.5));
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts float32 to uint8 (the destination's dtype): fractions are truncated toward zero (assuming 'img' is float32
+  out.copy_((img * 255.0).clamp(0, 255));
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts float32 to uint8 (the destination's dtype): fractions are truncated toward zero (assuming 'img' is float32
+}
+
 // A member every value of which its class makes with one dtype has it.
 struct CountTable {
   Tensor stats_;

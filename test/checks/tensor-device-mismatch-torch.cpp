@@ -148,6 +148,45 @@ void cpuScalarOk() {
   Tensor d = a / a.cpu().max();
 }
 
+// `torch::cat` of a braced list: the history lives on the GPU, the new step
+// is made on the host. The mismatched result does not flow around the loop
+// (the op throws), so the history stays on the GPU at the loop head.
+void catHistory(int64_t steps) {
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  auto timesteps = torch::zeros({1}, opts.dtype(torch::kLong));
+  auto actions = torch::zeros({0, 4}, opts);
+  for (int64_t t = 0; t < steps; ++t) {
+    actions = torch::cat({actions, torch::zeros({1, 4}, opts)}, 0);
+    timesteps = torch::cat({timesteps, torch::full({1}, t + 1, torch::kLong)});
+    // CHECK-MESSAGES: :[[@LINE-1]]:17: error: 'cat' combines the CPU tensor 'torch::full({1}, t + 1, torch::kLong)' with 'timesteps': throws at run time
+    // CHECK-FIXES: {{^}}    timesteps = torch::cat({timesteps, torch::full({1}, t + 1, torch::kLong).to(timesteps.device())});{{$}}
+  }
+  auto host = torch::stack({torch::ones({2}), torch::zeros({2})});
+  auto both = torch::cat({actions, actions.cpu().to(torch::kCUDA)});
+}
+
+// A CPU scalar tensor's product goes to the other operand's device: the
+// module gets a CUDA input.
+void cpuScalarThenModule(const Tensor &batch) {
+  torch::nn::Linear model(10, 2);
+  model->to(torch::kCUDA);
+  Tensor x = batch.to(torch::kCUDA);
+  Tensor y = model->forward(torch::tensor(2.0) * x);
+}
+
+// One report per mismatch: the mixed product is not judged again where the
+// module reads it (the first op throws).
+void mixedOnce(const Tensor &batch) {
+  torch::nn::Linear model(10, 2);
+  model->to(torch::kCUDA);
+  Tensor x = batch.to(torch::kCUDA);
+  Tensor t = torch::rand({x.size(0), 1});
+  Tensor xt = (1.0 - t) * x;
+  // CHECK-MESSAGES: :[[@LINE-1]]:25: error: '*' combines the CPU tensor '(1.0 - t)' with 'x': throws at run time
+  // CHECK-FIXES: {{^}}  Tensor xt = (1.0 - t).to(x.device()) * x;{{$}}
+  Tensor y = model->forward(xt);
+}
+
 void copyIntoHost() {
   Tensor gpu = torch::randn({4}).cuda();
   Tensor host = torch::empty({4});

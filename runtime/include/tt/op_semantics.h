@@ -178,6 +178,17 @@ inline constexpr std::string_view kWholeResults[] = {
 
 constexpr bool wholeResult(std::string_view name) { return inList(kWholeResults, name); }
 
+// ops.def's TT_KEEPS_WHOLE section: whole numbers in, whole numbers out.
+inline constexpr std::string_view kKeepsWhole[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_KEEPS_WHOLE(Name) #Name,
+#include "tt/ops.def"
+#undef TT_KEEPS_WHOLE
+#undef TT_OP
+};
+
+constexpr bool keepsWhole(std::string_view name) { return inList(kKeepsWhole, name); }
+
 // Every method whose name ends in '_' (but not "__") writes self in place, by
 // the PyTorch naming convention, even when it is not in the table.
 constexpr bool isInPlaceName(std::string_view name) {
