@@ -39,6 +39,14 @@ llvm::SmallVector<const Expr *, 4> bracedElements(const Expr *E) {
   return IL ? llvm::SmallVector<const Expr *, 4>(IL->inits()) : llvm::SmallVector<const Expr *, 4>();
 }
 
+const VarDecl *varOf(const Expr *E) {
+  if (!E)
+    return nullptr;
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(E)))
+    return dyn_cast<VarDecl>(DRE->getDecl());
+  return nullptr;
+}
+
 const ValueDecl *ownMember(const Expr *E) {
   const auto *ME = E ? dyn_cast<MemberExpr>(E->IgnoreParenImpCasts()) : nullptr;
   return ME && isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()) ? ME->getMemberDecl()

@@ -19,6 +19,9 @@ namespace clang::tidy::tensor {
 /// casts, parentheses, temporaries, functional casts, copy/move construction.
 const Expr *stripHandle(const Expr *E);
 
+/// The variable E names (through handle copies), or null.
+const VarDecl *varOf(const Expr *E);
+
 /// The elements of a braced list argument (`torch::cat({a, b})`: an ArrayRef
 /// or vector built from an initializer_list); empty when E is not one.
 llvm::SmallVector<const Expr *, 4> bracedElements(const Expr *E);

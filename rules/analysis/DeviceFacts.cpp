@@ -130,6 +130,10 @@ DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const Functi
     if (const auto *D = L ? dyn_cast<DeclRefExpr>(stripHandle(L)) : nullptr)
       if (const auto *V = dyn_cast<VarDecl>(D->getDecl()))
         Assigned[V].push_back(R);
+    if (const auto *ME = L ? dyn_cast<MemberExpr>(stripHandle(L)) : nullptr; ME && !ME->isArrow())
+      if (const VarDecl *V = varOf(ME->getBase()))
+        if (const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl()))
+          FieldAssigned[{V, F}].push_back(R);
     for (const Stmt *C : S->children())
       Work.push_back(C);
   }
@@ -378,6 +382,23 @@ bool DeviceFacts::bodyMovesToHost(const FunctionDecl *Def) {
   return It->second;
 }
 
+std::optional<DeviceKnown> DeviceFacts::ofLocalField(const MemberExpr *ME, unsigned Depth) {
+  const VarDecl *V = ME->isArrow() ? nullptr : varOf(ME->getBase());
+  const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
+  if (!V || !F || !V->isLocalVarDecl() || V->getType()->isReferenceType() || !V->getInit() ||
+      Assigned.count(V))
+    return std::nullopt;
+  const auto *IL = dyn_cast<InitListExpr>(V->getInit()->IgnoreImplicit());
+  const auto *RD = V->getType()->getAsCXXRecordDecl();
+  if (!IL || !RD || RD->getNumBases() || F->getFieldIndex() >= IL->getNumInits())
+    return std::nullopt;
+  DeviceKnown D = deviceOf(IL->getInit(F->getFieldIndex()), Depth + 1);
+  if (auto It = FieldAssigned.find({V, F}); It != FieldAssigned.end())
+    for (const Expr *R : It->second)
+      D = meet(D, deviceOf(R, Depth + 1));
+  return D;
+}
+
 DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
   if (!E)
     return DeviceKnown::Unknown;
@@ -397,6 +418,9 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
     return meet(deviceOf(CO->getTrueExpr(), Depth), deviceOf(CO->getFalseExpr(), Depth));
   if (const auto *UO = dyn_cast<UnaryOperator>(E))
     return deviceOf(UO->getSubExpr(), Depth);
+  if (const auto *ME = dyn_cast<MemberExpr>(E); ME && Model.isTensorExpr(ME))
+    if (std::optional<DeviceKnown> D = ofLocalField(ME, Depth))
+      return *D;
   if (const auto *ME = dyn_cast<MemberExpr>(E); ME && isResultElement(ME, Model))
     return deviceOf(ME->getBase(), Depth); // out.first of `auto out = model->forward(x)`
   // `model_->emb->weight`: a tensor of a module member moved to CUDA.

@@ -44,6 +44,10 @@ private:
   /// (`unet_->forward(x)`, `model_(x)`, `model_->emb->weight`), or null.
   static const FieldDecl *rootModuleMember(const Expr *E);
   DeviceKnown ofCall(const CallExpr *C, unsigned Depth);
+  /// `batch.tokens` of a local aggregate `Batch batch{x.to(dev), ...}`: its
+  /// initialiser met with every value assigned to the field; none when the
+  /// variable is not such an aggregate or is assigned whole.
+  std::optional<DeviceKnown> ofLocalField(const MemberExpr *ME, unsigned Depth);
   DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
   /// Def's body moves a tensor to the host (`cpu()`, `kCPU`); memoised.
@@ -53,6 +57,9 @@ private:
   ASTContext &Ctx;
   /// Every value assigned to a local variable after its declaration.
   llvm::DenseMap<const VarDecl *, llvm::SmallVector<const Expr *, 2>> Assigned;
+  /// Every value assigned to a field of a local variable (`batch.x = ...`).
+  llvm::DenseMap<std::pair<const VarDecl *, const FieldDecl *>, llvm::SmallVector<const Expr *, 2>>
+      FieldAssigned;
   /// ofVar's answers (a variable, as a device or a tensor), the ones in
   /// progress, and the hypotheses of those (their initial value, when CUDA).
   using VarKey = std::pair<const VarDecl *, unsigned>;

@@ -341,13 +341,6 @@ static unsigned objectArgs(const CallExpr *Call, const FunctionDecl *FD) {
   return isa<CXXOperatorCallExpr>(Call) && isa<CXXMethodDecl>(FD) ? 1 : 0;
 }
 
-static const VarDecl *varOf(const Expr *E) {
-  if (!E)
-    return nullptr;
-  if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(E)))
-    return dyn_cast<VarDecl>(DRE->getDecl());
-  return nullptr;
-}
 
 TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   E = stripHandle(E);
@@ -433,6 +426,24 @@ void LayoutAnalysis::Impl::forgetFields(State &S, const VarDecl *V) {
       Drop.push_back(K);
   for (const auto &K : Drop)
     S.L.erase(K);
+}
+
+// `Batch b{x.to(device), y.to(device)}`: an aggregate's tensor fields take
+// their initialisers' facts, field by field (a struct with bases is left).
+void LayoutAnalysis::Impl::initFields(const VarDecl *V, State &S) {
+  const auto *IL = dyn_cast_or_null<InitListExpr>(V->getInit() ? V->getInit()->IgnoreImplicit()
+                                                                : nullptr);
+  const auto *RD = V->getType()->getAsCXXRecordDecl();
+  if (!IL || !RD || RD->getNumBases() || !V->isLocalVarDecl() || Untracked.count(V))
+    return;
+  unsigned I = 0;
+  for (const FieldDecl *F : RD->fields()) {
+    if (I >= IL->getNumInits())
+      break;
+    const Expr *Init = IL->getInit(I++);
+    if (Model.isTensorType(F->getType()) && Model.isTensorExpr(Init))
+      S.L[{V, F}] = evalTensor(Init, S);
+  }
 }
 
 // A call that may assign members of `this`: anything but tensor library
@@ -1099,6 +1110,7 @@ void LayoutAnalysis::Impl::transfer(const Stmt *St, State &S) {
       if (!VD || VD->getType()->isReferenceType())
         continue;
       forgetFields(S, VD); // declared anew (each iteration of a loop body)
+      initFields(VD, S);
       if (Model.isTensorType(VD->getType()))
         assignTensor(VD, VD->getInit(), S);
       else if (VD->getType()->isIntegerType() && !Untracked.count(VD) && VD->getInit())
@@ -1314,16 +1326,14 @@ void LayoutAnalysis::Impl::transferCall(const CallExpr *Call, State &S) {
   // set_...) and swap: forget the handle.
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call)) {
     const VarDecl *V = varOf(MC->getImplicitObjectArgument());
-    if (V && FD && FD->getIdentifier() && Model.isTensorType(V->getType())) {
-      StringRef N = FD->getName();
-      if ((sem::isInPlaceName(N) && !sem::inPlaceKeepsLayout(N)) || N == "swap")
-        S.T.erase(V);
-    }
-    if (const FieldDecl *F = thisMember(MC->getImplicitObjectArgument()); F && FD &&
-        FD->getIdentifier() && !sem::inPlaceKeepsLayout(FD->getName()))
+    StringRef N = FD && FD->getIdentifier() ? FD->getName() : "";
+    bool Relayouts = (sem::isInPlaceName(N) && !sem::inPlaceKeepsLayout(N)) || N == "swap";
+    if (V && Relayouts && Model.isTensorType(V->getType()))
+      S.T.erase(V);
+    if (const FieldDecl *F = thisMember(MC->getImplicitObjectArgument());
+        F && !N.empty() && !sem::inPlaceKeepsLayout(N))
       S.M.erase(F);
-    if (auto K = localField(MC->getImplicitObjectArgument()); K && FD && FD->getIdentifier() &&
-        !sem::inPlaceKeepsLayout(FD->getName()))
+    if (auto K = localField(MC->getImplicitObjectArgument()); K && Relayouts)
       S.L.erase(*K);
     if (V && !Model.isTensorType(V->getType())) // a method of the struct itself
       forgetFields(S, V);

@@ -265,6 +265,7 @@ public:
   const FieldDecl *thisMember(const Expr *E) const;
   std::optional<std::pair<const VarDecl *, const FieldDecl *>> localField(const Expr *E) const;
   static void forgetFields(State &S, const VarDecl *V);
+  void initFields(const VarDecl *V, State &S);
   bool mayAssignMembers(const CallExpr *Call) const;
   layout::DTypeName assertedDTypeIn(const Stmt *S, const FieldDecl *F) const;
   void assertionFacts(const Expr *E, State &S);

@@ -267,3 +267,16 @@ torch::Tensor rowsKeptOrder(const torch::Tensor &fl) {
   const auto B = fl.size(0), H = fl.size(2), W = fl.size(3), C = fl.size(1);
   return toRows(fl).view({B, H * W, C}); // merges H and W, adjacent after the permute
 }
+
+// Fields of a local aggregate keep their initialisers' layouts, also after a
+// read-only method call on another field.
+struct RowsCols {
+  torch::Tensor rows, cols;
+};
+
+torch::Tensor flattenBoth(const torch::Tensor &x) {
+  RowsCols v{x.contiguous(), x.transpose(0, 1)};
+  auto a = v.rows.view({-1}); // contiguous: a view
+  return v.cols.view({-1}) + a;
+  // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: 'view' on the non-contiguous result of 'transpose' throws at run time
+}
