@@ -109,13 +109,15 @@ Tri AnalysisManager::calleeResultGrad(const FunctionDecl *FD, unsigned I) {
   if (auto It = CalleeGrads.find(Key); It != CalleeGrads.end())
     return It->second;
   const FunctionDecl *Def = readableCallee(FD);
-  if (!Def || I >= Def->getNumParams() || !InGrad.insert(Def).second)
+  bool Param = I != GradFacts::NoParam;
+  if (!Def || (Param && I >= Def->getNumParams()) || !InGrad.insert(Def).second)
     return Tri::Unknown; // no body, or a recursion
   CalleeGrads[Key] = Tri::Unknown;
   GradFacts G(Model, Ctx, &frozen(), &GradClasses);
   G.setCallees(calleeGrads());
   GradFacts::EntryFacts Entry;
-  Entry[Def->getParamDecl(I)] = {GradKind::NonLeaf, nullptr};
+  if (Param)
+    Entry[Def->getParamDecl(I)] = {GradKind::NonLeaf, nullptr};
   G.run(Def, /*GradOffAtEntry=*/false, std::move(Entry));
   InGrad.erase(Def);
   return CalleeGrads[Key] = G.returnRequiresGrad();

@@ -222,6 +222,7 @@ struct GradFacts::Impl {
   GradFact evalOp(const CallExpr *Call, const sem::OpInfo &Op, const State &St) const;
   GradFact combineInputs(const CallExpr *Call, const State &St) const;
   GradFact evalCalleeResult(const CallExpr *Call, const State &St) const;
+  Tri bundleRequiresGrad(const Expr *V, const State &St) const;
   void recordReturn(const ReturnStmt *RS, const State &St);
   GradFact evalRequiresGradCall(const CXXMemberCallExpr *Call, const State &St) const;
   bool tracked(const Expr *E) const;
@@ -323,9 +324,14 @@ GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) c
 // it so from that parameter alone (GradFacts::CalleeFn).
 GradFact GradFacts::Impl::evalCalleeResult(const CallExpr *Call, const State &St) const {
   const FunctionDecl *FD = Call->getDirectCallee();
-  if (!G.Callees || !FD || isa<CXXMethodDecl>(FD) || !Model.isTensorExpr(Call) ||
+  bool Bundle = !Model.isTensorExpr(Call) && Model.isTensorStruct(Call->getType());
+  if (!G.Callees || !FD || isa<CXXMethodDecl>(FD) || (!Model.isTensorExpr(Call) && !Bundle) ||
       !G.gradEnabledAt(Call) || !readableCallee(FD))
     return {};
+  // `auto losses = fcos_loss(outs, ...)`: a struct of losses its body makes
+  // from a module's output, whatever the arguments are.
+  if (Bundle && G.Callees(FD, NoParam) == Tri::Yes)
+    return {GradKind::NonLeaf, Call};
   for (unsigned I = 0; I < Call->getNumArgs() && I < FD->getNumParams(); ++I) {
     const Expr *In = passedTensor(Call->getArg(I), Model);
     if (In && eval(In, St).requiresGrad() == Tri::Yes && G.Callees(FD, I) == Tri::Yes)
@@ -334,11 +340,30 @@ GradFact GradFacts::Impl::evalCalleeResult(const CallExpr *Call, const State &St
   return {};
 }
 
+// `return {loss, box}` of a tensor struct: Yes when every tensor does, No
+// when none does, else Unknown.
+Tri GradFacts::Impl::bundleRequiresGrad(const Expr *V, const State &St) const {
+  const auto *IL = dyn_cast<InitListExpr>(V->IgnoreImplicit());
+  if (!IL || !Model.isTensorStruct(V->getType()))
+    return Tri::Unknown;
+  bool AllYes = true, AllNo = true;
+  for (const Expr *I : IL->inits()) {
+    if (!Model.isTensorExpr(I))
+      continue;
+    Tri R = eval(I, St).requiresGrad();
+    AllYes &= R == Tri::Yes;
+    AllNo &= R == Tri::No;
+  }
+  return AllYes ? Tri::Yes : AllNo ? Tri::No : Tri::Unknown;
+}
+
 void GradFacts::Impl::recordReturn(const ReturnStmt *RS, const State &St) {
   const Expr *V = RS->getRetValue();
-  if (!V || !Model.isTensorExpr(V))
+  if (!V || (!Model.isTensorExpr(V) && !Model.isTensorStruct(V->getType())))
     return;
-  Tri R = G.gradEnabledAt(RS) ? eval(V, St).requiresGrad() : Tri::No;
+  Tri R = !G.gradEnabledAt(RS)         ? Tri::No
+          : Model.isTensorExpr(V) ? eval(V, St).requiresGrad()
+                                  : bundleRequiresGrad(V, St);
   G.Returned = !G.AnyReturn || G.Returned == R ? R : Tri::Unknown;
   G.AnyReturn = true;
 }

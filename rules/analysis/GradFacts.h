@@ -105,9 +105,14 @@ public:
 
   /// Whether a function of the TU returns a value requiring grad when only
   /// its I-th parameter does (Yes / No / Unknown); set by the manager.
+  /// I == NoParam: when no parameter is known to (a module parameter's
+  /// output still does).
   using CalleeFn = std::function<Tri(const FunctionDecl *, unsigned)>;
+  static constexpr unsigned NoParam = ~0u;
   void setCallees(CalleeFn F) { Callees = std::move(F); }
-  /// The join of the facts of the tensors the body returns (Unknown if none).
+  /// The join of the facts of the tensors the body returns (Unknown if none);
+  /// a struct built in the return (`return {loss, box}`) counts as the meet
+  /// of its tensors: Yes only when every one requires grad.
   Tri returnRequiresGrad() const { return Returned; }
 
   /// The fact of the value E has at its own program point (tensor handles,

@@ -74,6 +74,13 @@ void refsOf(const Stmt *S, llvm::SmallVectorImpl<const ValueDecl *> &Out) {
     refsOf(L->getBody(), Out);
     return;
   }
+  // `torch::cat(probs).detach()`: what is read through detach() carries no graph.
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S); MC && MC->getMethodDecl() &&
+                                                        MC->getMethodDecl()->getIdentifier() &&
+                                                        isTensorApi(MC->getMethodDecl()) &&
+                                                        llvm::is_contained({"detach", "data"},
+                                                                           MC->getMethodDecl()->getName()))
+    return;
   for (const Stmt *C : S->children())
     refsOf(C, Out);
 }

@@ -387,3 +387,56 @@ void helperResults(Net &net, torch::optim::Optimizer &opt, const std::vector<tor
   }
   std::cout << torch::stack(kls).mean().item<double>() << "\n";
 }
+
+// The kept probabilities reach user code only through detach(): nothing
+// differentiates them, so each step's graph is kept for nothing.
+double areaUnderCurve(const torch::Tensor &probs, const torch::Tensor &labels);
+
+double detachedOnlyAfterwards(Net &net, torch::optim::Optimizer &opt,
+                              const std::vector<torch::Tensor> &xs, const torch::Tensor &labels) {
+  std::vector<torch::Tensor> probs;
+  for (const auto &x : xs) {
+    auto logits = net->forward(x);
+    auto loss = logits.pow(2).mean();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    probs.push_back(torch::sigmoid(logits));
+    // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: 'torch::sigmoid(logits)' requires grad and is stored in 'probs'
+  }
+  return areaUnderCurve(torch::cat(probs).detach(), labels);
+}
+
+// A struct of losses built in the return of a function of the TU: every
+// field requires grad, so each one does at the call.
+struct LossParts {
+  torch::Tensor total, reg;
+};
+
+LossParts lossParts(Net &net, const torch::Tensor &x) {
+  auto out = net->forward(x);
+  auto reg = out.abs().mean();
+  return {out.pow(2).mean() + reg, reg};
+}
+
+// One field is detached: the struct is not taken as requiring grad.
+LossParts lossPartsLogged(Net &net, const torch::Tensor &x) {
+  auto out = net->forward(x);
+  auto reg = out.abs().mean();
+  return {out.pow(2).mean() + reg, reg.detach()};
+}
+
+double structOfLosses(Net &net, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs) {
+  auto reg_sum = torch::zeros({}), logged_sum = torch::zeros({});
+  for (const auto &x : xs) {
+    auto parts = lossParts(net, x);
+    auto logged = lossPartsLogged(net, x);
+    opt.zero_grad();
+    (parts.total + logged.total).backward();
+    opt.step();
+    reg_sum += parts.reg;
+    // CHECK-MESSAGES: :[[@LINE-1]]:13: warning: 'parts.reg' requires grad and is accumulated into 'reg_sum'
+    logged_sum += logged.reg;
+  }
+  return reg_sum.item<double>() + logged_sum.item<double>();
+}
