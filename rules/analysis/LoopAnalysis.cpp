@@ -530,12 +530,16 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
       }
     } else if (Obj && Callee) {
       const auto *MD = dyn_cast<CXXMethodDecl>(Callee);
-      if (MD && !MD->isConst() && !MD->isStatic() &&
-          !(isa<CXXThisExpr>(Obj->IgnoreParenImpCasts()) && collectOwnMethod(MD, F))) {
+      bool This = isa<CXXThisExpr>(Obj->IgnoreParenImpCasts());
+      bool Mutating = MD && !MD->isConst() && !MD->isStatic();
+      if (Mutating && !(This && collectOwnMethod(MD, F))) {
         markWritten(Obj, F);
-        if (isa<CXXThisExpr>(Obj->IgnoreParenImpCasts()))
+        if (This)
           F.ThisMutated = true;
-        if (!isTensorLibraryCode(MD) || !MD->getParent()->isInStdNamespace())
+        // Another object's method whose body writes only that object and
+        // what it is given (`net->option_probs(q, eps)`) is not opaque.
+        if (!(!This && transparentMethod(MD)) &&
+            (!isTensorLibraryCode(MD) || !MD->getParent()->isInStdNamespace()))
           if (!MD->getParent()->isLambda() && !isModuleForward(MD) &&
               MD->getOverloadedOperator() != OO_Arrow) // `net_->`: only a pointer
             F.Opaque = true;
@@ -578,9 +582,25 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
 // A method of this object called in the loop, with its body in the TU: what
 // the body writes is written in the loop (`rollout(s0, samples, g)` writes no
 // field, so `device_` stays invariant). False when the body cannot be read.
+// MD's body (in the TU) calls nothing opaque, directly or through the
+// methods it calls: what it writes is its object's fields (markWritten of
+// the object covers them) and the arguments mayWriteArg reports.
+bool LoopAnalysis::transparentMethod(const CXXMethodDecl *MD) {
+  const FunctionDecl *Def = readableCallee(MD);
+  if (!Def || !Def->getBody() || Ctx.getSourceManager().isInSystemHeader(Def->getLocation()))
+    return false;
+  auto [It, New] = Transparent.try_emplace(Def, false); // a recursion: not transparent
+  if (!New)
+    return It->second;
+  LoopFacts G;
+  collect(Def->getBody(), G);
+  return Transparent[Def] = !G.Opaque;
+}
+
 bool LoopAnalysis::collectOwnMethod(const CXXMethodDecl *MD, LoopFacts &F) {
   const FunctionDecl *Def = readableCallee(MD);
-  if (!Def || !Def->getBody() || isTensorLibraryCode(Def))
+  if (!Def || !Def->getBody() || isTensorLibraryCode(Def) ||
+      Ctx.getSourceManager().isInSystemHeader(Def->getLocation()))
     return false;
   if (F.OwnMethodsRead.contains(Def))
     return true; // recursion, or read already

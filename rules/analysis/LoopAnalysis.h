@@ -73,6 +73,8 @@ private:
   };
   static constexpr unsigned kMaxOwnMethods = 16;
   bool collectOwnMethod(const CXXMethodDecl *MD, LoopFacts &F);
+  bool transparentMethod(const CXXMethodDecl *MD);
+  llvm::DenseMap<const FunctionDecl *, bool> Transparent; // transparentMethod's answers
   const LoopFacts &factsOf(const Stmt *Loop);
   void collect(const Stmt *S, LoopFacts &F);
   void markWritten(const Expr *E, LoopFacts &F);

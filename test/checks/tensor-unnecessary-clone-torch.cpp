@@ -188,3 +188,25 @@ torch::Tensor headingBeforeTurn(torch::Tensor &particles) {
   particles.select(2, 2).add_(0.1);
   return torch::sin(theta).sum(1);
 }
+
+// A method of another object whose body writes nothing it is given and
+// calls nothing opaque: the copy handed to it is only read.
+struct PolicyHeadImpl : torch::nn::Module {
+  PolicyHeadImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  torch::Tensor smoothed(const torch::Tensor &q, double eps) {
+    return torch::softmax(q, 1) * (1 - eps) + eps / q.size(1);
+  }
+  torch::Tensor clipped(torch::Tensor q) { return q.clamp_(-1.0, 1.0); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(PolicyHead);
+
+double optionValues(PolicyHead &head, const torch::Tensor &x) {
+  auto q = head->fc(x);
+  auto snapshot = q.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'clone' copies 'q' for nothing
+  auto v = (head->smoothed(snapshot, 0.1) * snapshot).sum();
+  auto kept = q.clone();
+  auto w = head->clipped(kept).sum(); // writes its argument: the copy is needed
+  return v.item<double>() + w.item<double>() + q.sum().item<double>();
+}
