@@ -211,6 +211,10 @@ struct GradFacts::Impl {
   const TensorModel &Model;
   ASTContext &Ctx;
   bool Recording = false;
+  // `l.mel = loss` of a local struct variable: whether every such assignment
+  // the recording pass saw requires grad (for `return l;`).
+  llvm::DenseMap<std::pair<const VarDecl *, const FieldDecl *>, bool> FieldYes;
+  void recordFieldAssign(const CXXOperatorCallExpr *OC, const State &St);
 
   void transfer(const Stmt *S, State &St);
   bool join(State &Into, const State &From);
@@ -334,17 +338,42 @@ GradFact GradFacts::Impl::evalCalleeResult(const CallExpr *Call, const State &St
     return {GradKind::NonLeaf, Call};
   for (unsigned I = 0; I < Call->getNumArgs() && I < FD->getNumParams(); ++I) {
     const Expr *In = passedTensor(Call->getArg(I), Model);
+    if (!In && Model.isTensorStruct(Call->getArg(I)->getType())) // a module's result struct
+      In = Call->getArg(I);
     if (In && eval(In, St).requiresGrad() == Tri::Yes && G.Callees(FD, I) == Tri::Yes)
       return {GradKind::NonLeaf, Call};
   }
   return {};
 }
 
+void GradFacts::Impl::recordFieldAssign(const CXXOperatorCallExpr *OC, const State &St) {
+  const auto *ME = dyn_cast<MemberExpr>(OC->getArg(0)->IgnoreParenImpCasts());
+  const VarDecl *V = ME && !ME->isArrow() ? varOf(ME->getBase()) : nullptr;
+  const auto *F = ME ? dyn_cast<FieldDecl>(ME->getMemberDecl()) : nullptr;
+  if (!V || !F || !V->isLocalVarDecl() || !Model.isTensorType(F->getType()))
+    return;
+  bool Yes = G.gradEnabledAt(OC) && eval(OC->getArg(1), St).requiresGrad() == Tri::Yes;
+  auto [It, New] = FieldYes.try_emplace({V, F}, Yes);
+  if (!New)
+    It->second &= Yes;
+}
+
 // `return {loss, box}` of a tensor struct: Yes when every tensor does, No
-// when none does, else Unknown.
+// when none does, else Unknown. `return l;` of a local struct whose every
+// tensor field was assigned only values requiring grad: Yes.
 Tri GradFacts::Impl::bundleRequiresGrad(const Expr *V, const State &St) const {
+  if (!Model.isTensorStruct(V->getType()))
+    return Tri::Unknown;
+  if (const VarDecl *L = varOf(V); L && L->isLocalVarDecl()) {
+    const auto *RD = L->getType()->getAsCXXRecordDecl();
+    bool All = RD && llvm::all_of(RD->fields(), [&](const FieldDecl *F) {
+                 auto It = FieldYes.find({L, F});
+                 return !Model.isTensorType(F->getType()) || (It != FieldYes.end() && It->second);
+               });
+    return All ? Tri::Yes : Tri::Unknown;
+  }
   const auto *IL = dyn_cast<InitListExpr>(V->IgnoreImplicit());
-  if (!IL || !Model.isTensorStruct(V->getType()))
+  if (!IL)
     return Tri::Unknown;
   bool AllYes = true, AllNo = true;
   for (const Expr *I : IL->inits()) {
@@ -531,6 +560,11 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
       return frozen(ME->getBase()) ? GradFact{} : GradFact{GradKind::Leaf, ME};
     if (F && Model.isTensorType(F->getType()) && leafField(F))
       return {GradKind::Leaf, ME};
+    // `out.cls + out.box` of a local struct whose fields were assigned values
+    // requiring grad (seen so far by the recording pass).
+    if (const VarDecl *L = F && !ME->isArrow() ? varOf(ME->getBase()) : nullptr)
+      if (auto It = FieldYes.find({L, F}); It != FieldYes.end() && It->second)
+        return {GradKind::NonLeaf, ME};
     // A tensor field of a module's result (the struct a `forward` returns)
     // follows it, as `auto [a, b] = net(x)` does; so does one of a struct
     // parameter every call gives such a result (gradOfParams).
@@ -576,6 +610,8 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
       return;
     if (const auto *DRE = dyn_cast<DeclRefExpr>(OC->getArg(0)->IgnoreParenImpCasts()))
       St[DRE->getDecl()] = eval(OC->getArg(1), St);
+    else if (Recording)
+      recordFieldAssign(OC, St);
     return;
   }
   const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(Call);
