@@ -47,6 +47,20 @@ const VarDecl *varOf(const Expr *E) {
   return nullptr;
 }
 
+const InitListExpr *aggregateInit(const VarDecl *V) {
+  if (!V || !V->isLocalVarDecl() || V->getType()->isReferenceType() || !V->getInit())
+    return nullptr;
+  const auto *IL = dyn_cast<InitListExpr>(V->getInit()->IgnoreImplicit());
+  const auto *RD = V->getType()->getAsCXXRecordDecl();
+  return IL && RD && !RD->getNumBases() ? IL : nullptr;
+}
+
+const Expr *aggregateFieldInit(const VarDecl *V, const FieldDecl *F) {
+  const InitListExpr *IL = aggregateInit(V);
+  return IL && F && F->getFieldIndex() < IL->getNumInits() ? IL->getInit(F->getFieldIndex())
+                                                           : nullptr;
+}
+
 const ValueDecl *ownMember(const Expr *E) {
   const auto *ME = E ? dyn_cast<MemberExpr>(E->IgnoreParenImpCasts()) : nullptr;
   return ME && isa<CXXThisExpr>(ME->getBase()->IgnoreParenImpCasts()) ? ME->getMemberDecl()

@@ -22,6 +22,13 @@ const Expr *stripHandle(const Expr *E);
 /// The variable E names (through handle copies), or null.
 const VarDecl *varOf(const Expr *E);
 
+/// `Batch b{x, y}`: the braced initialiser of a local, non-reference
+/// aggregate without bases (its inits follow the fields' order), or null.
+const InitListExpr *aggregateInit(const VarDecl *V);
+
+/// The initialiser aggregateInit(V) gives field F, or null.
+const Expr *aggregateFieldInit(const VarDecl *V, const FieldDecl *F);
+
 /// The elements of a braced list argument (`torch::cat({a, b})`: an ArrayRef
 /// or vector built from an initializer_list); empty when E is not one.
 llvm::SmallVector<const Expr *, 4> bracedElements(const Expr *E);

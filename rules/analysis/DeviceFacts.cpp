@@ -384,15 +384,11 @@ bool DeviceFacts::bodyMovesToHost(const FunctionDecl *Def) {
 
 std::optional<DeviceKnown> DeviceFacts::ofLocalField(const MemberExpr *ME, unsigned Depth) {
   const VarDecl *V = ME->isArrow() ? nullptr : varOf(ME->getBase());
-  const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
-  if (!V || !F || !V->isLocalVarDecl() || V->getType()->isReferenceType() || !V->getInit() ||
-      Assigned.count(V))
+  const Expr *Init = aggregateFieldInit(V, dyn_cast<FieldDecl>(ME->getMemberDecl()));
+  if (!Init || Assigned.count(V))
     return std::nullopt;
-  const auto *IL = dyn_cast<InitListExpr>(V->getInit()->IgnoreImplicit());
-  const auto *RD = V->getType()->getAsCXXRecordDecl();
-  if (!IL || !RD || RD->getNumBases() || F->getFieldIndex() >= IL->getNumInits())
-    return std::nullopt;
-  DeviceKnown D = deviceOf(IL->getInit(F->getFieldIndex()), Depth + 1);
+  const auto *F = cast<FieldDecl>(ME->getMemberDecl());
+  DeviceKnown D = deviceOf(Init, Depth + 1);
   if (auto It = FieldAssigned.find({V, F}); It != FieldAssigned.end())
     for (const Expr *R : It->second)
       D = meet(D, deviceOf(R, Depth + 1));

@@ -431,19 +431,12 @@ void LayoutAnalysis::Impl::forgetFields(State &S, const VarDecl *V) {
 // `Batch b{x.to(device), y.to(device)}`: an aggregate's tensor fields take
 // their initialisers' facts, field by field (a struct with bases is left).
 void LayoutAnalysis::Impl::initFields(const VarDecl *V, State &S) {
-  const auto *IL = dyn_cast_or_null<InitListExpr>(V->getInit() ? V->getInit()->IgnoreImplicit()
-                                                                : nullptr);
-  const auto *RD = V->getType()->getAsCXXRecordDecl();
-  if (!IL || !RD || RD->getNumBases() || !V->isLocalVarDecl() || Untracked.count(V))
+  if (!aggregateInit(V) || Untracked.count(V))
     return;
-  unsigned I = 0;
-  for (const FieldDecl *F : RD->fields()) {
-    if (I >= IL->getNumInits())
-      break;
-    const Expr *Init = IL->getInit(I++);
-    if (Model.isTensorType(F->getType()) && Model.isTensorExpr(Init))
+  for (const FieldDecl *F : V->getType()->getAsCXXRecordDecl()->fields())
+    if (const Expr *Init = aggregateFieldInit(V, F);
+        Init && Model.isTensorType(F->getType()) && Model.isTensorExpr(Init))
       S.L[{V, F}] = evalTensor(Init, S);
-  }
 }
 
 // A call that may assign members of `this`: anything but tensor library

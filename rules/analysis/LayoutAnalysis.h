@@ -73,7 +73,8 @@ struct TensorFact {
   /// (softmax, exp, true division): floating even when DType is unknown.
   bool FloatingOp = false;
   /// Holds whole numbers: made by round/floor/ceil/trunc (ops.def
-  /// TT_WHOLE_RESULT) or a rounding division, or a view or copy of such a value.
+  /// TT_WHOLE_RESULT) or a rounding division, or a view or copy of such a value,
+  /// or a TT_KEEPS_WHOLE op (clamp...) of one with whole bounds.
   bool WholeValues = false;
   /// Unknown rank: the (normalised) dims a transpose swapped on a tensor taken
   /// as contiguous; -1 when none.

@@ -1271,10 +1271,7 @@ static bool isWholeScalar(const Expr *A) {
   if (!V || V->getType()->isIntegerType())
     return V != nullptr;
   const auto *FL = dyn_cast<FloatingLiteral>(V);
-  if (!FL)
-    return false;
-  llvm::APFloat F = FL->getValue();
-  return F.isInteger();
+  return FL && FL->getValue().isInteger();
 }
 
 // Whole numbers stay whole through a TT_KEEPS_WHOLE op whose scalar
