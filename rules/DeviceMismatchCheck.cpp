@@ -181,12 +181,7 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
     Es.push_back(MC->getImplicitObjectArgument());
   for (const Expr *A : Call->arguments())
-    if (const Expr *T = Model.tensorOperand(A))
-      Es.push_back(T);
-    else // `torch::cat({a, b})`
-      for (const Expr *E : bracedElements(A))
-        if (Model.isTensorExpr(E))
-          Es.push_back(E);
+    Model.tensorOperands(A, Es);
   if (Es.size() < 2)
     return;
   const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Call);

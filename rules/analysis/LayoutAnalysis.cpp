@@ -568,14 +568,13 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
                                         State &S) {
   llvm::StringRef Row = Model.rowName(Call, Name);
   const sem::OpInfo *Op = sem::lookup(Row);
-  if (Recording) // the operands' facts, for checks that compare them (dtype, device)
+  if (Recording) { // the operands' facts, for checks that compare them (dtype, device)
+    llvm::SmallVector<const Expr *, 4> Ts;
     for (const Expr *A : Args)
-      if (const Expr *T = Model.tensorOperand(A))
-        Facts[T] = evalTensor(T, S);
-      else // `torch::cat({a, b})`
-        for (const Expr *E : bracedElements(A))
-          if (Model.isTensorExpr(E))
-            Facts[E] = evalTensor(E, S);
+      Model.tensorOperands(A, Ts);
+    for (const Expr *T : Ts)
+      Facts[T] = evalTensor(T, S);
+  }
   // In-place ops return self, its layout unchanged (bar TT_RESHAPES_SELF),
   // whether the table lists them or not (index_add_, masked_fill_).
   if (sem::inPlaceKeepsLayout(Row)) {
@@ -611,11 +610,11 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
 // `torch::cat({a, b})`: on the device its tensors share; operands on two
 // devices the code shows make it throw.
 void LayoutAnalysis::Impl::onListDevice(const OpCall &C, TensorFact &F) {
+  llvm::SmallVector<const Expr *, 4> Es;
+  if (!C.Args.empty() && !Model.tensorOperand(C.Args.front()))
+    Model.tensorOperands(C.Args.front(), Es);
   std::optional<TensorFact> First;
-  for (const Expr *E : C.Args.empty() ? llvm::SmallVector<const Expr *, 4>()
-                                      : bracedElements(C.Args.front())) {
-    if (!Model.isTensorExpr(E))
-      continue;
+  for (const Expr *E : Es) {
     TensorFact O = evalTensor(E, C.S);
     if (!First)
       First = O;

@@ -510,78 +510,88 @@ void LoopAnalysis::collect(const Stmt *S, LoopFacts &F) {
           !V->getType().getNonReferenceType().isConstQualified())
         markWritten(V->getInit(), F);
   } else if (const auto *C = dyn_cast<CallExpr>(S)) {
-    const FunctionDecl *Callee = C->getDirectCallee();
-    const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
-    const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
-    const Expr *Obj = MC ? MC->getImplicitObjectArgument() : nullptr;
-    if (OC && OC->getNumArgs() >= 1 && isa_and_nonnull<CXXMethodDecl>(Callee))
-      Obj = OC->getArg(0);
-    bool TensorObj = Obj && Model.isTensorExpr(Obj->IgnoreParenImpCasts());
-    if (OC && OC->isAssignmentOp()) {
-      markWritten(OC->getArg(0), F);
-    } else if (TensorObj) {
-      if (isInPlaceCall(C)) {
-        markWritten(Obj, F);
-        llvm::SmallVector<const VarDecl *, 2> B;
-        basesOf(Obj, B);
-        if ((B.empty() && rootsForeign(Obj)) ||
-            llvm::any_of(B, [&](const VarDecl *V) { return ForeignVars.count(V); }))
-          F.Opaque = true; // writes storage that others may see
-      }
-    } else if (Obj && Callee) {
-      const auto *MD = dyn_cast<CXXMethodDecl>(Callee);
-      bool This = isa<CXXThisExpr>(Obj->IgnoreParenImpCasts());
-      bool Mutating = MD && !MD->isConst() && !MD->isStatic();
-      if (Mutating && !(This && collectOwnMethod(MD, F))) {
-        markWritten(Obj, F);
-        if (This)
-          F.ThisMutated = true;
-        // Another object's method whose body writes only that object and
-        // what it is given (`net->option_probs(q, eps)`) is not opaque.
-        if (!(!This && transparentMethod(MD)) &&
-            (!isTensorLibraryCode(MD) || !MD->getParent()->isInStdNamespace()))
-          if (!MD->getParent()->isLambda() && !isModuleForward(MD) &&
-              MD->getOverloadedOperator() != OO_Arrow) // `net_->`: only a pointer
-            F.Opaque = true;
-      }
-      if (MD && MD->getParent()->isLambda())
-        F.Opaque = true;
-    } else if (!Callee) {
-      F.Opaque = true; // through a pointer, std::function...
-    }
-    // A free function can write only what it is given (handled below) and
-    // globals, which are never invariant here: not opaque.
-    // Arguments: non-const references and pointers may be written; a tensor
-    // handed to code we cannot see may be written in place.
-    if (Callee) {
-      unsigned Shift = OC && isa<CXXMethodDecl>(Callee) ? 1 : 0;
-      bool Lib = isTensorLibraryCode(Callee) && !isInPlaceCall(C);
-      for (unsigned I = Shift; I < C->getNumArgs(); ++I) {
-        const Expr *A = C->getArg(I);
-        QualType PT;
-        if (I - Shift < Callee->getNumParams())
-          PT = Callee->getParamDecl(I - Shift)->getType();
-        bool W = false;
-        // An options setter's `T&&` (`.weight(w.to(dev))`) takes the handle over.
-        bool Moved = isOptionsSetter(Callee);
-        if (!PT.isNull() && !Moved && (PT->isPointerType() || PT->isReferenceType()))
-          W = !PT->getPointeeType().isConstQualified() || PT->isRValueReferenceType();
-        if (Model.isTensorExpr(A) && !Lib && mayWriteArg(Callee, I - Shift))
-          W = true;
-        if (isa<CXXThisExpr>(A->IgnoreParenImpCasts()))
-          F.ThisMutated = true;
-        if (W)
-          markWritten(A, F);
-      }
-    }
+    collectCall(C, F);
   }
   for (const Stmt *Ch : S->children())
     collect(Ch, F);
 }
 
-// A method of this object called in the loop, with its body in the TU: what
-// the body writes is written in the loop (`rollout(s0, samples, g)` writes no
-// field, so `device_` stays invariant). False when the body cannot be read.
+// A call: what it writes through its object (an in-place op, a non-const
+// method) and its arguments, and whether it runs code we cannot see.
+void LoopAnalysis::collectCall(const CallExpr *C, LoopFacts &F) {
+  const FunctionDecl *Callee = C->getDirectCallee();
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+  const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+  const Expr *Obj = MC ? MC->getImplicitObjectArgument() : nullptr;
+  if (OC && OC->getNumArgs() >= 1 && isa_and_nonnull<CXXMethodDecl>(Callee))
+    Obj = OC->getArg(0);
+  bool TensorObj = Obj && Model.isTensorExpr(Obj->IgnoreParenImpCasts());
+  if (OC && OC->isAssignmentOp()) {
+    markWritten(OC->getArg(0), F);
+  } else if (TensorObj) {
+    if (isInPlaceCall(C)) {
+      markWritten(Obj, F);
+      llvm::SmallVector<const VarDecl *, 2> B;
+      basesOf(Obj, B);
+      if ((B.empty() && rootsForeign(Obj)) ||
+          llvm::any_of(B, [&](const VarDecl *V) { return ForeignVars.count(V); }))
+        F.Opaque = true; // writes storage that others may see
+    }
+  } else if (Obj && Callee) {
+    collectMethodCall(dyn_cast<CXXMethodDecl>(Callee), Obj, F);
+  } else if (!Callee) {
+    F.Opaque = true; // through a pointer, std::function...
+  }
+  // A free function can write only what it is given (handled below) and
+  // globals, which are never invariant here: not opaque.
+  if (Callee)
+    collectArgs(C, Callee, F);
+}
+
+// A method called on an object that is not a tensor.
+void LoopAnalysis::collectMethodCall(const CXXMethodDecl *MD, const Expr *Obj, LoopFacts &F) {
+  bool This = isa<CXXThisExpr>(Obj->IgnoreParenImpCasts());
+  bool Mutating = MD && !MD->isConst() && !MD->isStatic();
+  if (Mutating && !(This && collectOwnMethod(MD, F))) {
+    markWritten(Obj, F);
+    if (This)
+      F.ThisMutated = true;
+    // Another object's method whose body writes only that object and what
+    // it is given (`net->option_probs(q, eps)`) is not opaque.
+    bool Transparent = !This && transparentMethod(MD);
+    if (!Transparent && (!isTensorLibraryCode(MD) || !MD->getParent()->isInStdNamespace()))
+      if (!MD->getParent()->isLambda() && !isModuleForward(MD) &&
+          MD->getOverloadedOperator() != OO_Arrow) // `net_->`: only a pointer
+        F.Opaque = true;
+  }
+  if (MD && MD->getParent()->isLambda())
+    F.Opaque = true;
+}
+
+// Arguments: non-const references and pointers may be written; a tensor
+// handed to code we cannot see may be written in place.
+void LoopAnalysis::collectArgs(const CallExpr *C, const FunctionDecl *Callee, LoopFacts &F) {
+  unsigned Shift = isa<CXXOperatorCallExpr>(C) && isa<CXXMethodDecl>(Callee) ? 1 : 0;
+  bool Lib = isTensorLibraryCode(Callee) && !isInPlaceCall(C);
+  for (unsigned I = Shift; I < C->getNumArgs(); ++I) {
+    const Expr *A = C->getArg(I);
+    QualType PT;
+    if (I - Shift < Callee->getNumParams())
+      PT = Callee->getParamDecl(I - Shift)->getType();
+    bool W = false;
+    // An options setter's `T&&` (`.weight(w.to(dev))`) takes the handle over.
+    bool Moved = isOptionsSetter(Callee);
+    if (!PT.isNull() && !Moved && (PT->isPointerType() || PT->isReferenceType()))
+      W = !PT->getPointeeType().isConstQualified() || PT->isRValueReferenceType();
+    if (Model.isTensorExpr(A) && !Lib && mayWriteArg(Callee, I - Shift))
+      W = true;
+    if (isa<CXXThisExpr>(A->IgnoreParenImpCasts()))
+      F.ThisMutated = true;
+    if (W)
+      markWritten(A, F);
+  }
+}
+
 // MD's body (in the TU) calls nothing opaque, directly or through the
 // methods it calls: what it writes is its object's fields (markWritten of
 // the object covers them) and the arguments mayWriteArg reports.
@@ -597,6 +607,9 @@ bool LoopAnalysis::transparentMethod(const CXXMethodDecl *MD) {
   return Transparent[Def] = !G.Opaque;
 }
 
+// A method of this object called in the loop, with its body in the TU: what
+// the body writes is written in the loop (`rollout(s0, samples, g)` writes no
+// field, so `device_` stays invariant). False when the body cannot be read.
 bool LoopAnalysis::collectOwnMethod(const CXXMethodDecl *MD, LoopFacts &F) {
   const FunctionDecl *Def = readableCallee(MD);
   if (!Def || !Def->getBody() || isTensorLibraryCode(Def) ||
@@ -626,9 +639,6 @@ bool LoopAnalysis::namesAny(const Expr *E, const llvm::DenseSet<const VarDecl *>
   return llvm::any_of(B, [&](const VarDecl *V) { return Alias.count(V) > 0; });
 }
 
-// Whether Callee may keep its I-th argument beyond the call: return it (or a
-// handle or view of it), store it (an assignment, a container), capture it.
-// True when its body is not the user's code in the TU.
 // Whether E's value may share storage with a tensor it reads: false for the
 // result of a table op that allocates it (`pad.logical_not().sum(1)`).
 static bool mayShareStorage(const TensorModel &Model, const Expr *E) {
@@ -636,18 +646,8 @@ static bool mayShareStorage(const TensorModel &Model, const Expr *E) {
   if (!Call)
     return true;
   const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call);
-  const sem::OpInfo *Op = OC ? sem::lookup(operatorOpName(OC)) : Model.opOf(Call);
-  if (!Op)
-    return true;
-  switch (Op->storage) {
-  case sem::Storage::Fresh:
-  case sem::Storage::Copy:
-  case sem::Storage::Factory:
-  case sem::Storage::None:
-    return false;
-  default:
-    return true;
-  }
+  const sem::OpInfo *Op = OC ? sem::lookup(operatorOpName(OC)) : tensorOp(Model, Call);
+  return !Op || aliasing(Op);
 }
 
 // A local handle of Def (not a reference, not static): assigning it keeps nothing.
@@ -659,6 +659,9 @@ static const VarDecl *localHandle(const Expr *L) {
              : nullptr;
 }
 
+// Whether Callee may keep its I-th argument beyond the call: return it (or a
+// handle or view of it), store it (an assignment, a container), capture it.
+// True when its body is not the user's code in the TU.
 bool LoopAnalysis::mayKeepArg(const FunctionDecl *Callee, unsigned I) const {
   const FunctionDecl *Def = readableCallee(Callee);
   if (!Def || isa<CXXConstructorDecl>(Def) || I >= Def->getNumParams() || !Def->getBody() ||

@@ -77,6 +77,9 @@ private:
   llvm::DenseMap<const FunctionDecl *, bool> Transparent; // transparentMethod's answers
   const LoopFacts &factsOf(const Stmt *Loop);
   void collect(const Stmt *S, LoopFacts &F);
+  void collectCall(const CallExpr *C, LoopFacts &F);
+  void collectMethodCall(const CXXMethodDecl *MD, const Expr *Obj, LoopFacts &F);
+  void collectArgs(const CallExpr *C, const FunctionDecl *Callee, LoopFacts &F);
   void markWritten(const Expr *E, LoopFacts &F);
   bool classWritten(const VarDecl *V, const LoopFacts &F);
   bool isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const LoopFacts &F, unsigned Depth);

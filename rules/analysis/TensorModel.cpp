@@ -45,6 +45,14 @@ const Expr *TensorModel::tensorOperand(const Expr *E) const {
   return nullptr;
 }
 
+void TensorModel::tensorOperands(const Expr *Arg, llvm::SmallVectorImpl<const Expr *> &Out) const {
+  if (const Expr *T = tensorOperand(Arg))
+    return Out.push_back(T);
+  for (const Expr *E : bracedElements(Arg))
+    if (isTensorExpr(E))
+      Out.push_back(E);
+}
+
 const Expr *TensorModel::selfOf(const CallExpr *Call) {
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
     return MC->getImplicitObjectArgument();

@@ -28,6 +28,9 @@ public:
   // implicitly built from (tt's operators take `detail::LocatedTensor`);
   // nullptr when E is no tensor.
   const Expr *tensorOperand(const Expr *E) const;
+  // The tensors an argument passes: its tensorOperand, or the tensor
+  // elements of a braced list (`torch::cat({a, b})`).
+  void tensorOperands(const Expr *Arg, llvm::SmallVectorImpl<const Expr *> &Out) const;
 
   // The table row for a member call on a tensor (or a free function taking a
   // tensor or a tensor list first: `torch::cat({a, b})`), or nullptr when the
