@@ -134,6 +134,8 @@ DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const Functi
       if (const VarDecl *V = varOf(ME->getBase()))
         if (const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl()))
           FieldAssigned[{V, F}].push_back(R);
+    if (const auto *CS = dyn_cast<CompoundStmt>(S))
+      noteOverwrittenFields(CS);
     for (const Stmt *C : S->children())
       Work.push_back(C);
   }
@@ -250,10 +252,11 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
 
 DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth) {
   DeviceKnown Best = DeviceKnown::Unknown;
-  for (const Expr *A : C->arguments())
-    if (Model.isTensorExpr(A))
-      if (DeviceKnown D = deviceOf(A, Depth); onCUDA(D) && Best != DeviceKnown::CUDA)
-        Best = D;
+  for (const Expr *A : C->arguments()) {
+    DeviceKnown D = Model.isTensorExpr(A) ? deviceOf(A, Depth) : ofStructArgument(A, Depth);
+    if (onCUDA(D) && Best != DeviceKnown::CUDA)
+      Best = D;
+  }
   return Best;
 }
 
@@ -382,17 +385,70 @@ bool DeviceFacts::bodyMovesToHost(const FunctionDecl *Def) {
   return It->second;
 }
 
+// The assignments `V.F = R` of S, a statement or a comma list of them, into
+// Out; false when S is anything else.
+static bool fieldAssignments(const Stmt *S, const VarDecl *V,
+                             llvm::SmallVectorImpl<const FieldDecl *> &Out) {
+  if (const auto *E = dyn_cast<Expr>(S))
+    S = E->IgnoreImplicit(); // the cleanups of `in.x = b.x.to(dev);`
+  if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->getOpcode() == BO_Comma)
+    return fieldAssignments(BO->getLHS(), V, Out) && fieldAssignments(BO->getRHS(), V, Out);
+  const Expr *L = assignmentSides(S).first;
+  const auto *ME = L ? dyn_cast<MemberExpr>(stripHandle(L)) : nullptr;
+  if (!ME || ME->isArrow() || varOf(ME->getBase()) != V || !isa<FieldDecl>(ME->getMemberDecl()))
+    return false;
+  Out.push_back(cast<FieldDecl>(ME->getMemberDecl()));
+  return true;
+}
+
+void DeviceFacts::noteOverwrittenFields(const CompoundStmt *CS) {
+  for (auto It = CS->body_begin(); It != CS->body_end(); ++It) {
+    const auto *DS = dyn_cast<DeclStmt>(*It);
+    const auto *V = DS && DS->isSingleDecl() ? dyn_cast<VarDecl>(DS->getSingleDecl()) : nullptr;
+    if (!V || !V->getType()->isRecordType() || Model.isTensorType(V->getType()) ||
+        aggregateInit(V))
+      continue;
+    llvm::SmallVector<const FieldDecl *, 4> Fields;
+    for (auto Next = std::next(It); Next != CS->body_end(); ++Next)
+      if (!fieldAssignments(*Next, V, Fields))
+        break;
+    for (const FieldDecl *F : Fields)
+      DeadInitField.insert({V, F});
+  }
+}
+
 std::optional<DeviceKnown> DeviceFacts::ofLocalField(const MemberExpr *ME, unsigned Depth) {
   const VarDecl *V = ME->isArrow() ? nullptr : varOf(ME->getBase());
-  const Expr *Init = aggregateFieldInit(V, dyn_cast<FieldDecl>(ME->getMemberDecl()));
-  if (!Init || Assigned.count(V))
+  return ofLocalField(V, dyn_cast<FieldDecl>(ME->getMemberDecl()), Depth);
+}
+
+// Field F of local V: its initialiser (braced, or dead when the statements
+// after the declaration overwrite it) met with every value assigned to it.
+std::optional<DeviceKnown> DeviceFacts::ofLocalField(const VarDecl *V, const FieldDecl *F,
+                                                     unsigned Depth) {
+  const Expr *Init = aggregateFieldInit(V, F);
+  const bool Dead = !Init && V && DeadInitField.count({V, F});
+  if ((!Init && !Dead) || Assigned.count(V))
     return std::nullopt;
-  const auto *F = cast<FieldDecl>(ME->getMemberDecl());
-  DeviceKnown D = deviceOf(Init, Depth + 1);
-  if (auto It = FieldAssigned.find({V, F}); It != FieldAssigned.end())
-    for (const Expr *R : It->second)
-      D = meet(D, deviceOf(R, Depth + 1));
+  auto It = FieldAssigned.find({V, F});
+  const llvm::ArrayRef<const Expr *> Values =
+      It != FieldAssigned.end() ? llvm::ArrayRef<const Expr *>(It->second) : std::nullopt;
+  DeviceKnown D = Init ? deviceOf(Init, Depth + 1) : deviceOf(Values.front(), Depth + 1);
+  for (const Expr *R : Init ? Values : Values.drop_front())
+    D = meet(D, deviceOf(R, Depth + 1));
   return D;
+}
+
+DeviceKnown DeviceFacts::ofStructArgument(const Expr *A, unsigned Depth) {
+  if (!Model.isTensorStruct(A->getType()))
+    return DeviceKnown::Unknown;
+  const VarDecl *V = varOf(A);
+  DeviceKnown Best = deviceOf(A, Depth); // a struct a call returned: that call's device
+  for (const FieldDecl *F : A->getType()->getAsCXXRecordDecl()->fields())
+    if (Model.isTensorType(F->getType()) && Best != DeviceKnown::CUDA)
+      if (std::optional<DeviceKnown> D = ofLocalField(V, F, Depth); D && onCUDA(*D))
+        Best = *D;
+  return Best;
 }
 
 DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {

@@ -48,6 +48,12 @@ private:
   /// initialiser met with every value assigned to the field; none when the
   /// variable is not such an aggregate or is assigned whole.
   std::optional<DeviceKnown> ofLocalField(const MemberExpr *ME, unsigned Depth);
+  std::optional<DeviceKnown> ofLocalField(const VarDecl *V, const FieldDecl *F, unsigned Depth);
+  /// A local struct argument (`model->forward(batch)`) with a tensor field on CUDA.
+  DeviceKnown ofStructArgument(const Expr *A, unsigned Depth);
+  /// Records the fields of a struct copied in a declaration and assigned by
+  /// the statements right after it (`Batch in = b; in.x = b.x.to(dev);`).
+  void noteOverwrittenFields(const CompoundStmt *CS);
   DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
   /// Def's body moves a tensor to the host (`cpu()`, `kCPU`); memoised.
@@ -60,6 +66,8 @@ private:
   /// Every value assigned to a field of a local variable (`batch.x = ...`).
   llvm::DenseMap<std::pair<const VarDecl *, const FieldDecl *>, llvm::SmallVector<const Expr *, 2>>
       FieldAssigned;
+  /// The fields whose initial value no one reads (noteOverwrittenFields).
+  llvm::DenseSet<std::pair<const VarDecl *, const FieldDecl *>> DeadInitField;
   /// ofVar's answers (a variable, as a device or a tensor), the ones in
   /// progress, and the hypotheses of those (their initial value, when CUDA).
   using VarKey = std::pair<const VarDecl *, unsigned>;

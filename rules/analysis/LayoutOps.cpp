@@ -1304,7 +1304,9 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   };
   if (Rule == sem::ResultDType::Bool || Rule == sem::ResultDType::Long)
     return Set(Rule == sem::ResultDType::Bool ? DTypeName{"Bool", 1} : DTypeName{"Long", 8}, false);
-  bool Same = true, FloatScalar = false, Assumed = C.Self.DTypeAssumed;
+  // Same: every tensor operand has self's dtype; OthersIntegral: the others
+  // are known integers or bools (indices, masks), which a float self outranks.
+  bool Same = true, OthersIntegral = true, FloatScalar = false, Assumed = C.Self.DTypeAssumed;
   for (const Expr *A : C.Args) {
     if (isa<CXXDefaultArgExpr>(A))
       continue;
@@ -1319,9 +1321,13 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
     }
     TensorFact O = evalTensor(A, C.S);
     Same &= O.DType == C.Self.DType;
-    Assumed |= O.DTypeAssumed;
+    OthersIntegral &= O.DType == C.Self.DType ||
+                      (!O.DTypeAssumed && !O.DType.empty() && !isFloatingDType(O.DType));
+    Assumed |= O.DTypeAssumed && O.DType == C.Self.DType;
   }
   bool SelfFloat = isFloatingDType(C.Self.DType);
+  if (!Same && SelfFloat && OthersIntegral) // x[idx], x * mask: self's dtype
+    return Set({C.Self.DType, C.Self.ElemSize}, Assumed);
   bool SelfInt = C.Self.ElemSize && !SelfFloat && C.Self.DType != "Bool" &&
                  !C.Self.DType.starts_with("Complex");
   if (Same && SelfFloat)

@@ -281,3 +281,19 @@ MolBatch collate(const std::vector<Molecule> &mols, int64_t n) {
   }
   return g;
 }
+
+// Indices and masks do not change the dtype of what they pick from: the
+// labels picked by the matched indices are the labels' dtype (int64 by name),
+// and scores picked by a mask stay float32.
+torch::Tensor matched_labels(const torch::Tensor &gt_classes, const torch::Tensor &iou, int64_t K) {
+  auto labels = torch::zeros({K}, torch::kLong);
+  labels.copy_(gt_classes.index_select(0, std::get<1>(iou.max(1))));
+  labels.copy_(gt_classes + iou.argmax(1));
+  return labels;
+}
+torch::Tensor picked_scores(const torch::Tensor &scores, const torch::Tensor &iou, int64_t K) {
+  auto bins = torch::zeros({K}, torch::kLong);
+  bins.copy_(scores.index_select(0, iou.argmax(1)) * (iou.amax(1) > 0.5));
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: copy_ silently converts float32 to int64 (the destination's dtype): fractions are truncated toward zero (assuming 'scores' is float32
+  return bins;
+}

@@ -323,3 +323,37 @@ void trainHostBatch(torch::nn::Linear &model, const torch::Tensor &stream, int64
   }
   std::cout << nll << "\n";
 }
+
+// A batch struct copied, its fields moved by the statements right after the
+// copy, and the struct given to the model: a model fed CUDA fields runs on CUDA.
+struct PillarNet : torch::nn::Module {
+  PillarNet() { fc = register_module("fc", torch::nn::Linear(9, 1)); }
+  torch::Tensor forward(const Batch &b) { return fc->forward(b.data) - b.target; }
+  torch::nn::Linear fc{nullptr};
+};
+double struct_batches(PillarNet &model, const std::vector<Batch> &batches) {
+  torch::Device device(torch::kCUDA);
+  double running = 0;
+  for (const auto &b : batches) {
+    Batch in = b;
+    in.data = b.data.to(device), in.target = b.target.to(device);
+    auto loss = model.forward(in).pow(2).mean();
+    loss.backward();
+    running += loss.item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'item' of CUDA tensor 'loss'
+  }
+  return running;
+}
+double struct_read_first(PillarNet &model, const std::vector<Batch> &batches) {
+  torch::Device device(torch::kCUDA);
+  double running = 0;
+  for (const auto &b : batches) {
+    Batch in = b;
+    auto n = in.data.size(0); // the loader's tensor is read before the move: not a dead value
+    in.data = b.data.to(device);
+    auto loss = model.forward(in).pow(2).sum() / n;
+    loss.backward();
+    running += loss.item<double>(); // in.target stays where the loader put it: unknown
+  }
+  return running;
+}
