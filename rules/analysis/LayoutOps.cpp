@@ -465,6 +465,14 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
     // Linear's out_features of 1 viewed away): the strides cannot tell.
     if (ST.eq(ST.product(Sizes), ST.product(*NewShape)) != Cmp::NE)
       Q.Result = computeStride(ST, Sizes, *In.Strides, *NewShape, NewStride);
+    // A contiguous tensor is one chunk: a view of it, where it succeeds, is
+    // contiguous, though sizes the analysis cannot relate (a Linear's
+    // out_features against `num_actions_`) leave the element count unproved.
+    if (Q.Result == ViewQuery::Unknown && In.Contig == TensorFact::Yes &&
+        !(ST.product(Sizes).isConst() && ST.product(*NewShape).isConst())) {
+      Q.Result = ViewQuery::Viewable;
+      NewStride = contiguousStrides(ST, *NewShape);
+    }
     // Sizes the analysis cannot relate: the chunks still tell.
     if (Q.Result == ViewQuery::Unknown &&
         tooFewDimsForChunks(countChunks(ST, Sizes, *In.Strides), *NewShape))

@@ -190,3 +190,26 @@ torch::Tensor mergeHeadsCached(const torch::Tensor &x, KvCache *cache, int64_t H
   return y.transpose(1, 2).reshape({B, T, C});
   // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1; make the copy explicit with '.contiguous().view(...)' [tensor-reshape-non-contiguous]
 }
+
+// A view of a contiguous tensor is contiguous even where the analysis cannot
+// relate the element counts (the head's out_features against num_actions_):
+// the quantile network returns a contiguous [B, N, A].
+struct QuantileNet : torch::nn::Module {
+  QuantileNet(int64_t h, int64_t a) : num_actions_(a) {
+    fc_ = register_module("fc", torch::nn::Linear(h, h));
+    head_ = register_module("head", torch::nn::Linear(h, a));
+  }
+  torch::Tensor forward(const torch::Tensor &emb, int64_t B, int64_t N) {
+    auto h = torch::relu(fc_->forward(emb));
+    auto q = head_->forward(h.view({B * N, -1}));
+    return q.view({B, N, num_actions_});
+  }
+  torch::nn::Linear fc_{nullptr}, head_{nullptr};
+  int64_t num_actions_;
+};
+torch::Tensor quantileRows(QuantileNet &net, const torch::Tensor &emb, int64_t B, int64_t N) {
+  auto q = net.forward(emb, B, N);
+  auto byAction = q.permute({2, 0, 1}).reshape({q.size(2), -1}); // batch and quantile dims stay in order: a view
+  return q.transpose(1, 2).flatten(0, 1) + byAction.t();
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: 'flatten' silently copies the non-contiguous result of 'transpose'
+}
