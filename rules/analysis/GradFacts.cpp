@@ -133,10 +133,20 @@ bool isRequiresGradSetter(const CXXMemberCallExpr *MC) {
          (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad");
 }
 
-// S calls a layer: a module with parameters, or a module's forward.
+bool isOwnParameter(const Stmt *S);
+
+// S calls a layer: a module with parameters, or a module's forward; or reads
+// a parameter of its own module (`rel_diag.index_select(...)` in `score`).
 bool runsALayer(const Stmt *S) {
   if (!S)
     return false;
+  if (isOwnParameter(S))
+    return true;
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S); MC && MC->getMethodDecl() &&
+                                                     MC->getMethodDecl()->getIdentifier() &&
+                                                     (MC->getMethodDecl()->getName() == "detach" ||
+                                                      MC->getMethodDecl()->getName() == "data"))
+    return false; // `codebook_.detach()`: no graph from it
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
       OC && isModuleCall(OC) && !isParameterFreeModule(OC->getArg(0)->getType()))
     return true;
@@ -145,6 +155,11 @@ bool runsALayer(const Stmt *S) {
         M && M->getIdentifier() && M->getName() == "forward" && isModuleRecord(M->getParent()))
       return true;
   return llvm::any_of(S->children(), [](const Stmt *C) { return runsALayer(C); });
+}
+
+bool isOwnParameter(const Stmt *S) {
+  const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(dyn_cast<Expr>(S)));
+  return F && isParameterField(F);
 }
 
 } // namespace

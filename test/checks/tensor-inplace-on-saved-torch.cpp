@@ -410,3 +410,24 @@ torch::Tensor evaluateDecoder(Decoder &dec, const torch::Tensor &x) {
   torch::NoGradGuard no_grad;
   return evalStop(dec->forward(x));
 }
+
+// A method of the module that reads its own parameter (`rel`) computes a
+// result that requires grad, as a layer's does; one returning the parameter
+// detached does not.
+struct RelScorerImpl : torch::nn::Module {
+  RelScorerImpl() { rel = register_parameter("rel", torch::randn({4, 8})); }
+  torch::Tensor score(const torch::Tensor &emb, const torch::Tensor &t) {
+    return (emb.index_select(0, t) * rel.index_select(0, t)).sum(-1);
+  }
+  torch::Tensor frozenRel() { return rel.detach(); }
+  torch::Tensor rel;
+};
+TORCH_MODULE(RelScorer);
+void trainScorer(RelScorer &model, const torch::Tensor &emb, const torch::Tensor &pos) {
+  auto probs = torch::sigmoid(model->score(emb, pos));
+  probs.clamp_(1e-6, 1.0 - 1e-6);
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: error: in-place 'clamp_' on 'probs', which 'sigmoid' saved for backward (its result)
+  auto gate = torch::sigmoid(model->frozenRel());
+  gate.clamp_(0.1, 0.9); // no graph: the parameter detached
+  (probs.log().mean() + gate.mean()).backward();
+}
