@@ -54,6 +54,12 @@ private:
   /// Records the fields of a struct copied in a declaration and assigned by
   /// the statements right after it (`Batch in = b; in.x = b.x.to(dev);`).
   void noteOverwrittenFields(const CompoundStmt *CS);
+  /// A local `std::vector<Tensor>`: the meet of every tensor it is given.
+  DeviceKnown ofTensorVector(const VarDecl *V, unsigned Depth);
+  /// A list argument (`torch::cat({a, b})`, `torch::stack(v)`): CUDA when an
+  /// element is (a list's tensors share a device).
+  DeviceKnown ofListArgument(const Expr *A, unsigned Depth);
+  void noteVectorUse(const Stmt *S);
   DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
   /// Def's body moves a tensor to the host (`cpu()`, `kCPU`); memoised.
@@ -66,6 +72,10 @@ private:
   /// Every value assigned to a field of a local variable (`batch.x = ...`).
   llvm::DenseMap<std::pair<const VarDecl *, const FieldDecl *>, llvm::SmallVector<const Expr *, 2>>
       FieldAssigned;
+  /// The tensors each local vector of tensors is given (braced elements,
+  /// push_back / emplace_back), and the vectors changed otherwise.
+  llvm::DenseMap<const VarDecl *, llvm::SmallVector<const Expr *, 4>> Pushed;
+  llvm::DenseSet<const VarDecl *> VectorTainted, VectorInProgress;
   /// The fields whose initial value no one reads (noteOverwrittenFields).
   llvm::DenseSet<std::pair<const VarDecl *, const FieldDecl *>> DeadInitField;
   /// ofVar's answers (a variable, as a device or a tensor), the ones in

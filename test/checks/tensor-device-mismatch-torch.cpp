@@ -314,7 +314,14 @@ public:
 torch::Tensor collected(torch::nn::Linear &net, const torch::Tensor &x, int64_t n) {
   std::vector<torch::Tensor> parts;
   parts.push_back(net->forward(x.cuda()));
-  return parts[0] + torch::ones({n}); // a list filled elsewhere: not followed
+  return parts[0] + torch::ones({n}); // every element pushed is on CUDA
+  // CHECK-MESSAGES: :[[@LINE-1]]:19: error: '+' combines the CPU tensor 'torch::ones({n})' with 'parts[0]': throws at run time
+}
+torch::Tensor collectedMixed(torch::nn::Linear &net, const torch::Tensor &x, int64_t n) {
+  std::vector<torch::Tensor> parts;
+  parts.push_back(net->forward(x.cuda()));
+  parts.push_back(x);
+  return parts[0] + torch::ones({n}); // one element on the host: unknown
 }
 
 // A tensor field of the struct a function of the TU returns, given CUDA

@@ -357,3 +357,31 @@ double struct_read_first(PillarNet &model, const std::vector<Batch> &batches) {
   }
   return running;
 }
+
+// A local vector of tensors has the device its elements share (braced
+// elements, push_back): patches of a CUDA volume are CUDA, and so is what a
+// list op (`cat`, `stack`) makes of them. One CPU element, or elements not
+// followed (`v(n, t)`), leave it unknown.
+double slidingWindow(torch::nn::Linear &net, const torch::Tensor &image, int64_t n) {
+  torch::Device device(torch::kCUDA);
+  auto vol = image.to(device);
+  double spread = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    std::vector<torch::Tensor> patches;
+    for (int64_t i = 0; i < 3; ++i)
+      patches.push_back(vol.narrow(0, b + i, 2));
+    auto batch = torch::cat(patches, 0);
+    std::vector<torch::Tensor> views{batch};
+    views.push_back(batch.flip({1}));
+    auto out = net->forward(torch::cat(views, 0));
+    spread += torch::stack({out, out}).var(0).mean().item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:54: warning: 'item' of CUDA tensor 'torch::stack({out, out}).var(0).mean()'
+    std::vector<torch::Tensor> mixed{batch};
+    mixed.push_back(image);
+    spread += torch::cat(mixed, 0).sum().item<double>(); // image stays on the host: unknown
+    std::vector<torch::Tensor> filled(2, image);
+    filled.push_back(batch);
+    spread += torch::cat(filled, 0).sum().item<double>(); // copies of image: not followed
+  }
+  return spread;
+}
