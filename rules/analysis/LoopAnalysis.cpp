@@ -568,6 +568,24 @@ void LoopAnalysis::collectMethodCall(const CXXMethodDecl *MD, const Expr *Obj, L
     F.Opaque = true;
 }
 
+// Parameter I of Callee was a forwarding reference (`Args&&...`) in its
+// template: `TensorOptions().device(device)` binds `Device &` but only reads it.
+static bool isForwardedParam(const FunctionDecl *Callee, unsigned I) {
+  const FunctionDecl *P = Callee->getTemplateInstantiationPattern();
+  for (unsigned J = 0; P && J < P->getNumParams(); ++J) {
+    const ParmVarDecl *PD = P->getParamDecl(J);
+    if (J != I && !(PD->isParameterPack() && I >= J))
+      continue;
+    QualType T = PD->getType();
+    if (const auto *PE = T->getAs<PackExpansionType>())
+      T = PE->getPattern();
+    const auto *RR = T->getAs<RValueReferenceType>();
+    return RR && RR->getPointeeType()->getAs<TemplateTypeParmType>() &&
+           !RR->getPointeeType().isConstQualified();
+  }
+  return false;
+}
+
 // Arguments: non-const references and pointers may be written; a tensor
 // handed to code we cannot see may be written in place.
 void LoopAnalysis::collectArgs(const CallExpr *C, const FunctionDecl *Callee, LoopFacts &F) {
@@ -583,6 +601,8 @@ void LoopAnalysis::collectArgs(const CallExpr *C, const FunctionDecl *Callee, Lo
     bool Moved = isOptionsSetter(Callee);
     if (!PT.isNull() && !Moved && (PT->isPointerType() || PT->isReferenceType()))
       W = !PT->getPointeeType().isConstQualified() || PT->isRValueReferenceType();
+    if (Lib && isForwardedParam(Callee, I - Shift))
+      W = false; // the library forwards it to a constructor
     if (Model.isTensorExpr(A) && !Lib && mayWriteArg(Callee, I - Shift))
       W = true;
     if (isa<CXXThisExpr>(A->IgnoreParenImpCasts()))

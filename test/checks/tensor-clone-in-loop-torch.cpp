@@ -289,3 +289,17 @@ void pretrainMasked(MaskedEncoder &model, CropLoader &loader, int64_t steps) {
     out.first.backward();
   }
 }
+
+// `TensorOptions().device(device)` binds the device through a forwarding
+// reference (`Args&&`): a library call that only reads it, so the device
+// stays loop-invariant and the upload of the fixed fractions is per step.
+void quantileActing(torch::nn::Linear &net, torch::Tensor obs, int64_t steps, int64_t B) {
+  torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  auto act_taus = torch::linspace(0.1, 0.9, 8).unsqueeze(0);
+  for (int64_t step = 0; step < steps; ++step) {
+    auto taus_act = act_taus.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'to' of loop-invariant 'act_taus' copies it to another device again on every iteration
+    auto noise = torch::rand({B, 8}, torch::TensorOptions().device(device));
+    obs = net->forward(obs.to(device)) * taus_act + noise;
+  }
+}
