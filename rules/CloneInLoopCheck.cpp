@@ -130,6 +130,17 @@ static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call,
 // may-alias ops only when the facts at the call say they copy (contiguous()
 // of a contiguous tensor, cpu() of a CPU tensor, to() of what it already is
 // return the tensor itself).
+// `torch::zeros({}, kLong)`: a value the iteration makes itself, not data
+// kept across iterations.
+static bool isFactoryCall(const Expr *E) {
+  const auto *C = dyn_cast<CallExpr>(E->IgnoreImplicit());
+  const FunctionDecl *F = C ? C->getDirectCallee() : nullptr;
+  if (!F || isa<CXXMethodDecl>(F) || !F->getIdentifier())
+    return false;
+  const sem::OpInfo *Op = sem::lookup(F->getName());
+  return Op && Op->storage == sem::Storage::Factory;
+}
+
 static bool copiesEachTime(const CXXMemberCallExpr *Call, const LayoutAnalysis *Lay) {
   if (Call->getMethodDecl()->getName() == "clone")
     return true;
@@ -193,7 +204,9 @@ CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel 
   if (!copiesEachTime(Call, C.Lay))
     return std::nullopt;
   C.U = C.LA->usesOfTemporary(Call, C.Loop);
-  if (C.U.Escapes)
+  // `correct = torch::zeros({}).to(device)` then `correct += ...`: an
+  // accumulator started afresh each pass, whose fresh value is the point.
+  if (C.U.Escapes || (C.U.Written && isFactoryCall(Src)))
     return std::nullopt;
   return C;
 }

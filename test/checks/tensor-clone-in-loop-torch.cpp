@@ -303,3 +303,17 @@ void quantileActing(torch::nn::Linear &net, torch::Tensor obs, int64_t steps, in
     obs = net->forward(obs.to(device)) * taus_act + noise;
   }
 }
+
+// An accumulator started afresh each epoch from a factory and then written in
+// place: the fresh value is the point, not a copy of data kept across epochs.
+int64_t epochAccuracy(torch::nn::Linear &net, const std::vector<torch::Tensor> &xs, int epochs) {
+  torch::Device device(torch::kCUDA);
+  int64_t total = 0;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    torch::Tensor correct = torch::zeros({}, torch::kLong).to(device);
+    for (const auto &x : xs)
+      correct += net->forward(x.to(device)).argmax(1).eq(0).sum();
+    total += correct.item<int64_t>();
+  }
+  return total;
+}
