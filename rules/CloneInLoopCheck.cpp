@@ -83,6 +83,17 @@ Finding copyInLoopFinding(StringRef Check, const CXXMemberCallExpr *Call, const 
 
 } // namespace
 
+// `torch::zeros({}, kLong)`: a value the iteration makes itself, not data
+// kept across iterations.
+static bool isFactoryCall(const Expr *E) {
+  const auto *C = dyn_cast<CallExpr>(E->IgnoreImplicit());
+  const FunctionDecl *F = C ? C->getDirectCallee() : nullptr;
+  if (!F || isa<CXXMethodDecl>(F) || !F->getIdentifier())
+    return false;
+  const sem::OpInfo *Op = sem::lookup(F->getName());
+  return Op && Op->storage == sem::Storage::Factory;
+}
+
 // The fix-its: use the source itself, or hoist the declaration out of the
 // loop (and copy_ into it when the loop writes it).
 static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call, const Stmt *Loop,
@@ -130,17 +141,6 @@ static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call,
 // may-alias ops only when the facts at the call say they copy (contiguous()
 // of a contiguous tensor, cpu() of a CPU tensor, to() of what it already is
 // return the tensor itself).
-// `torch::zeros({}, kLong)`: a value the iteration makes itself, not data
-// kept across iterations.
-static bool isFactoryCall(const Expr *E) {
-  const auto *C = dyn_cast<CallExpr>(E->IgnoreImplicit());
-  const FunctionDecl *F = C ? C->getDirectCallee() : nullptr;
-  if (!F || isa<CXXMethodDecl>(F) || !F->getIdentifier())
-    return false;
-  const sem::OpInfo *Op = sem::lookup(F->getName());
-  return Op && Op->storage == sem::Storage::Factory;
-}
-
 static bool copiesEachTime(const CXXMemberCallExpr *Call, const LayoutAnalysis *Lay) {
   if (Call->getMethodDecl()->getName() == "clone")
     return true;

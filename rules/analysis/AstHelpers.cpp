@@ -435,4 +435,11 @@ llvm::SmallVector<const Expr *, 4> valuesOfField(const FieldDecl *F) {
   return Out;
 }
 
+bool isDetachCall(const Stmt *S) {
+  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(S);
+  const CXXMethodDecl *M = MC ? MC->getMethodDecl() : nullptr;
+  return M && M->getIdentifier() && isTensorApi(M) &&
+         llvm::is_contained({"detach", "data"}, M->getName());
+}
+
 } // namespace clang::tidy::tensor

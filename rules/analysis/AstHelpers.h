@@ -95,6 +95,8 @@ const FunctionDecl *readableCallee(const FunctionDecl *FD);
 /// An op of the tensor libraries' API (namespaces tt, at, torch), whose
 /// semantics the op table gives by name.
 bool isTensorApi(const FunctionDecl *FD);
+/// S is a tensor's `detach()` or `data()`: what is read through it carries no graph.
+bool isDetachCall(const Stmt *S);
 /// A setter of a torch options struct (TORCH_ARG: `CrossEntropyFuncOptions().weight(w)`): it
 /// keeps the handle it is given and reads the data only when the options are used.
 bool isOptionsSetter(const FunctionDecl *FD);

@@ -117,21 +117,11 @@ StringRef calleeName(const CallExpr *C) {
   return F && F->getIdentifier() ? F->getName() : "";
 }
 
-// T is `std::vector<Tensor>`.
-bool isTensorVector(QualType T, const TensorModel &Model) {
-  const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(
-      T.getNonReferenceType()->getAsCXXRecordDecl());
-  if (!TS || !TS->isInStdNamespace() || !TS->getIdentifier() || TS->getName() != "vector")
-    return false;
-  const TemplateArgument &A = TS->getTemplateArgs()[0];
-  return A.getKind() == TemplateArgument::Type && Model.isTensorType(A.getAsType());
-}
-
 // The local vector of tensors E names, or null.
 const VarDecl *localTensorVector(const Expr *E, const TensorModel &Model) {
   const VarDecl *V = E ? varOf(E->IgnoreParenImpCasts()) : nullptr;
   return V && V->isLocalVarDecl() && !V->getType()->isReferenceType() &&
-                 isTensorVector(V->getType(), Model)
+                 Model.isTensorVectorType(V->getType())
              ? V
              : nullptr;
 }
@@ -166,7 +156,7 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
   if (isa<ParmVarDecl>(V) || !V->getInit() ||
       (V->hasGlobalStorage() && !V->getType().isConstQualified()))
     return DeviceKnown::Unknown;
-  if (!IsDevice && V->isLocalVarDecl() && isTensorVector(V->getType(), Model))
+  if (!IsDevice && V->isLocalVarDecl() && Model.isTensorVectorType(V->getType()))
     return ofTensorVector(V, Depth);
   const VarKey Key{V, IsDevice};
   if (auto It = Known.find(Key); It != Known.end())
@@ -275,7 +265,7 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
 DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth) {
   DeviceKnown Best = DeviceKnown::Unknown;
   for (const Expr *A : C->arguments()) {
-    DeviceKnown D = Model.isTensorExpr(A) || isTensorVector(A->getType(), Model)
+    DeviceKnown D = Model.isTensorExpr(A) || Model.isTensorVectorType(A->getType())
                         ? deviceOf(A, Depth)
                     : Model.isTensorListType(A->getType()) ? ofListArgument(A, Depth)
                                                            : ofStructArgument(A, Depth);
@@ -474,8 +464,10 @@ static void vectorInitValues(const Expr *Init, llvm::SmallVectorImpl<const Expr 
 }
 
 DeviceKnown DeviceFacts::ofTensorVector(const VarDecl *V, unsigned Depth) {
-  if (VectorTainted.count(V) || Assigned.count(V) || !VectorInProgress.insert(V).second) {
-    Cut.Hard |= VectorInProgress.count(V) && !VectorTainted.count(V) && !Assigned.count(V);
+  if (VectorTainted.count(V) || Assigned.count(V))
+    return DeviceKnown::Unknown;
+  if (!VectorInProgress.insert(V).second) { // filled from itself: not V's own answer
+    Cut.Hard = true;
     return DeviceKnown::Unknown;
   }
   llvm::SmallVector<const Expr *, 8> Values;

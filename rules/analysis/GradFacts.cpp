@@ -133,7 +133,11 @@ bool isRequiresGradSetter(const CXXMemberCallExpr *MC) {
          (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad");
 }
 
-bool isOwnParameter(const Stmt *S);
+// S reads a registered parameter of its own module (`rel_diag`).
+bool isOwnParameter(const Stmt *S) {
+  const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(dyn_cast<Expr>(S)));
+  return F && isParameterField(F);
+}
 
 // S calls a layer: a module with parameters, or a module's forward; or reads
 // a parameter of its own module (`rel_diag.index_select(...)` in `score`).
@@ -142,10 +146,7 @@ bool runsALayer(const Stmt *S) {
     return false;
   if (isOwnParameter(S))
     return true;
-  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S); MC && MC->getMethodDecl() &&
-                                                     MC->getMethodDecl()->getIdentifier() &&
-                                                     (MC->getMethodDecl()->getName() == "detach" ||
-                                                      MC->getMethodDecl()->getName() == "data"))
+  if (isDetachCall(S))
     return false; // `codebook_.detach()`: no graph from it
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
       OC && isModuleCall(OC) && !isParameterFreeModule(OC->getArg(0)->getType()))
@@ -155,11 +156,6 @@ bool runsALayer(const Stmt *S) {
         M && M->getIdentifier() && M->getName() == "forward" && isModuleRecord(M->getParent()))
       return true;
   return llvm::any_of(S->children(), [](const Stmt *C) { return runsALayer(C); });
-}
-
-bool isOwnParameter(const Stmt *S) {
-  const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(dyn_cast<Expr>(S)));
-  return F && isParameterField(F);
 }
 
 } // namespace

@@ -75,11 +75,7 @@ void refsOf(const Stmt *S, llvm::SmallVectorImpl<const ValueDecl *> &Out) {
     return;
   }
   // `torch::cat(probs).detach()`: what is read through detach() carries no graph.
-  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S); MC && MC->getMethodDecl() &&
-                                                        MC->getMethodDecl()->getIdentifier() &&
-                                                        isTensorApi(MC->getMethodDecl()) &&
-                                                        llvm::is_contained({"detach", "data"},
-                                                                           MC->getMethodDecl()->getName()))
+  if (isDetachCall(S))
     return;
   for (const Stmt *C : S->children())
     refsOf(C, Out);

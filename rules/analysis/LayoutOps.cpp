@@ -463,13 +463,14 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
     Shape Sizes = withBatchOfOne(*In.Sizes, *NewShape);
     // Element counts that differ say a size taken as generic is not (a
     // Linear's out_features of 1 viewed away): the strides cannot tell.
-    if (ST.eq(ST.product(Sizes), ST.product(*NewShape)) != Cmp::NE)
+    const Mono OldCount = ST.product(Sizes), NewCount = ST.product(*NewShape);
+    if (ST.eq(OldCount, NewCount) != Cmp::NE)
       Q.Result = computeStride(ST, Sizes, *In.Strides, *NewShape, NewStride);
     // A contiguous tensor is one chunk: a view of it, where it succeeds, is
     // contiguous, though sizes the analysis cannot relate (a Linear's
     // out_features against `num_actions_`) leave the element count unproved.
     if (Q.Result == ViewQuery::Unknown && In.Contig == TensorFact::Yes &&
-        !(ST.product(Sizes).isConst() && ST.product(*NewShape).isConst())) {
+        !(OldCount.isConst() && NewCount.isConst())) {
       Q.Result = ViewQuery::Viewable;
       NewStride = contiguousStrides(ST, *NewShape);
     }

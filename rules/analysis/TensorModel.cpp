@@ -190,6 +190,15 @@ bool TensorModel::isTensorStructField(const ValueDecl *D) const {
   return F && isTensorType(F->getType()) && isPlainStruct(dyn_cast<CXXRecordDecl>(F->getParent()));
 }
 
+bool TensorModel::isTensorVectorType(QualType T) const {
+  const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(
+      T.getNonReferenceType()->getAsCXXRecordDecl());
+  if (!TS || !TS->isInStdNamespace() || !TS->getIdentifier() || TS->getName() != "vector")
+    return false;
+  const TemplateArgument &A = TS->getTemplateArgs()[0];
+  return A.getKind() == TemplateArgument::Type && isTensorType(A.getAsType());
+}
+
 bool TensorModel::isTensorListType(QualType T) const {
   const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(
       T.getNonReferenceType()->getAsCXXRecordDecl());

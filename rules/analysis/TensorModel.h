@@ -73,6 +73,8 @@ public:
   bool isTensorBundle(QualType T) const;
   // A list of tensors an op takes: `at::TensorList`, `at::ITensorListRef`.
   bool isTensorListType(QualType T) const;
+  // `std::vector<Tensor>`, what user code collects tensors in.
+  bool isTensorVectorType(QualType T) const;
 
   // Methods that read only metadata (shape, dtype, device, flags), never data.
   static bool isMetadataMethod(llvm::StringRef Name);
