@@ -64,26 +64,97 @@ T *AnalysisManager::cachedFor(const Stmt *S,
 }
 
 const LayoutAnalysis *AnalysisManager::layoutAt(const Stmt *S) {
-  return cachedFor(S, Layouts, [this](const FunctionDecl *FD) { return makeLayout(FD); });
+  const FunctionDecl *FD = enclosingFunction(S, Ctx);
+  if (!FD || !FD->hasBody())
+    return nullptr;
+  if (auto It = Layouts.find(FD); It != Layouts.end())
+    return It->second;
+  const LayoutAnalysis *R = baseLayout(FD);
+  if (ParamShapes Shapes = paramShapes(FD); !Shapes.empty()) {
+    auto Made = makeLayout(FD, std::move(Shapes));
+    R = (InContext[FD] = std::move(Made)).get();
+  }
+  return Layouts[FD] = R;
 }
 
-// Callees are analysed on demand; a call back into a function being
-// analysed (recursion) gets nothing.
-std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *FD) {
+// FD's facts without its callers' (what its callers' analyses import).
+const LayoutAnalysis *AnalysisManager::baseLayout(const FunctionDecl *FD) {
+  if (auto It = BaseLayouts.find(FD); It != BaseLayouts.end())
+    return It->second.get();
+  // makeLayout may fill other slots (a callee's analysis): insert after it.
+  auto Made = makeLayout(FD, {});
+  return (BaseLayouts[FD] = std::move(Made)).get();
+}
+
+// Callees are analysed on demand, without their callers' shapes; a call
+// back into a function being analysed (recursion) gets nothing.
+std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *FD,
+                                                            ParamShapes Shapes) {
   auto L = std::make_unique<LayoutAnalysis>(Model, Ctx);
   L->setCallees([this](const FunctionDecl *Callee) -> const LayoutAnalysis * {
-    if (!Callee->hasBody() || !InLayout.insert(Callee).second)
+    const FunctionDecl *Def = nullptr;
+    if (!Callee->hasBody(Def) || !InLayout.insert(Def).second)
       return nullptr;
-    const LayoutAnalysis *R = layoutAt(Callee->getBody());
-    InLayout.erase(Callee);
+    const LayoutAnalysis *R = baseLayout(Def);
+    InLayout.erase(Def);
     return R;
   });
   L->setDeviceVars(devicesAt(FD->getBody()));
   L->setClassFacts(&LayoutClasses);
+  L->setParamShapes(std::move(Shapes));
   InLayout.insert(FD);
   L->run(FD);
   InLayout.erase(FD);
   return L;
+}
+
+// Note [call-site shapes]
+// Helpers take tensors by parameter and rarely say their rank:
+// `merge_heads(const Tensor &o)` returns `o.transpose(1, 2).reshape(...)`, a
+// copy at rank 4 and no copy at rank 3. When every call in the main file
+// (one at least) passes a contiguous tensor of one rank, by its caller's
+// facts computed without this (one level of context), the parameter has that
+// rank. Calls the index cannot see leave it unknown: a virtual method, a
+// function whose address escapes, a module's forward (called through its
+// holder), a caller being analysed (recursion).
+ParamShapes AnalysisManager::paramShapes(const FunctionDecl *FD) {
+  ParamShapes Out;
+  const auto *MD = dyn_cast<CXXMethodDecl>(FD);
+  std::optional<llvm::ArrayRef<CallSites::Site>> Sites = calls().of(FD);
+  if ((MD && isModuleForward(MD)) || !Sites || Sites->empty())
+    return Out;
+  for (unsigned I = 0; I < FD->getNumParams(); ++I) {
+    const ParmVarDecl *P = FD->getParamDecl(I);
+    if (!Model.isTensorType(P->getType()))
+      continue;
+    std::optional<ParamShape> First = argumentShape(Sites->front(), FD, I);
+    if (First && llvm::all_of(Sites->drop_front(), [&](const CallSites::Site &S) {
+          std::optional<ParamShape> Sh = argumentShape(S, FD, I);
+          return Sh && Sh->Sizes == First->Sizes;
+        }))
+      Out[P] = std::move(*First);
+  }
+  return Out;
+}
+
+// The shape the I-th argument of FD has at S, when its caller's facts show a
+// contiguous tensor of known rank and no size 1: a helper written for any
+// batch, called once with `x.unsqueeze(0)`, keeps the defaults.
+std::optional<ParamShape> AnalysisManager::argumentShape(const CallSites::Site &S,
+                                                         const FunctionDecl *FD, unsigned I) {
+  unsigned Shift = isa<CXXOperatorCallExpr>(S.Call) && isa<CXXMethodDecl>(FD) ? 1 : 0;
+  if (InLayout.contains(S.Caller) || I + Shift >= S.Call->getNumArgs())
+    return std::nullopt;
+  const Expr *Arg = S.Call->getArg(I + Shift);
+  const Expr *T = isa<CXXDefaultArgExpr>(Arg) ? nullptr : Model.tensorOperand(Arg);
+  const TensorFact *F = T ? baseLayout(S.Caller)->factOf(T) : nullptr;
+  if (!F || !F->Sizes || F->Contig != TensorFact::Yes ||
+      llvm::any_of(*F->Sizes, [](const Mono &M) { return M.isConst(1); }))
+    return std::nullopt;
+  ParamShape Sh;
+  for (const Mono &M : *F->Sizes)
+    Sh.Sizes.push_back(M.isConst() ? std::optional<std::int64_t>(M.Num) : std::nullopt);
+  return Sh;
 }
 
 LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {

@@ -46,7 +46,13 @@ private:
   T *cachedFor(const Stmt *S, llvm::DenseMap<const FunctionDecl *, std::unique_ptr<T>> &Slots,
                MakeFn Make);
 
-  std::unique_ptr<LayoutAnalysis> makeLayout(const FunctionDecl *FD);
+  const LayoutAnalysis *baseLayout(const FunctionDecl *FD);
+  std::unique_ptr<LayoutAnalysis> makeLayout(const FunctionDecl *FD, ParamShapes Shapes);
+  /// FD's tensor parameters that every call passes a contiguous tensor of
+  /// one rank (Note [call-site shapes]).
+  ParamShapes paramShapes(const FunctionDecl *FD);
+  std::optional<ParamShape> argumentShape(const CallSites::Site &S, const FunctionDecl *FD,
+                                          unsigned I);
   /// FD is called in the main file, and only with grad mode off: under a
   /// no-grad guard at each call, or in a caller that is itself (two levels).
   bool gradOffAtEntry(const FunctionDecl *FD, unsigned Depth = 0);
@@ -78,7 +84,11 @@ private:
   AliasAnalysis Alias;
   GradClassFacts GradClasses;
   LayoutClassFacts LayoutClasses;
-  llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> Layouts;
+  /// Layout facts: without callers' shapes (BaseLayouts, what callers
+  /// import), with them where they say something (InContext); Layouts is
+  /// what the checks see, one of the two.
+  llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LayoutAnalysis>> BaseLayouts, InContext;
+  llvm::DenseMap<const FunctionDecl *, const LayoutAnalysis *> Layouts;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<GradFacts>> Grads;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<DeviceFacts>> Devices;

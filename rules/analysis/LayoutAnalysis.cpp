@@ -626,8 +626,39 @@ void LayoutAnalysis::Impl::onListDevice(const OpCall &C, TensorFact &F) {
   F.Throws = First && First->Throws;
 }
 
+// torch::cat / torch::stack of a braced list: the elements' rank (one more
+// for stack) and the sizes of the first element whose sizes are known, but
+// along the joined dim: the list's length for stack, a new size for cat. An
+// empty element is skipped: cat takes a 1-D empty tensor beside any rank.
+std::optional<Shape> LayoutAnalysis::Impl::joinedShape(const OpCall &C) {
+  const bool Stack = C.Name == "stack";
+  if ((!Stack && C.Name != "cat") || C.Args.empty() || Model.tensorOperand(C.Args.front()))
+    return std::nullopt;
+  llvm::SmallVector<const Expr *, 4> Es;
+  Model.tensorOperands(C.Args.front(), Es);
+  for (const Expr *E : Es) {
+    TensorFact O = evalTensor(E, C.S);
+    if (!O.Sizes || llvm::any_of(*O.Sizes, [](const Mono &M) { return M.isConst(0); }))
+      continue;
+    Shape Sz = *O.Sizes;
+    auto D = normDim(C.Args.size() > 1 ? argInt(C, 1) : 0, Sz.size() + Stack);
+    if (!D)
+      return std::nullopt;
+    if (Stack)
+      Sz.insert(Sz.begin() + *D, Mono::constant(std::int64_t(Es.size())));
+    else
+      Sz[*D] = ST.sym(C.Call, 1);
+    return Sz;
+  }
+  return std::nullopt;
+}
+
 TensorFact LayoutAnalysis::Impl::unlistedMaker(const OpCall &C) {
   TensorFact F = assumedResult(C.Call);
+  if (auto Sz = C.Op ? joinedShape(C) : std::nullopt) {
+    setContiguous(F, *Sz); // allocated: contiguous whatever the defaults
+    F.Assumed = false;
+  }
   if (C.Op)
     onListDevice(C, F);
   if (DTypeName DT = dtypeInArgs(C.Args); DT.Size) {
@@ -1376,6 +1407,20 @@ void LayoutAnalysis::Impl::forgetWrittenArgs(const CallExpr *Call, State &S) {
   }
 }
 
+// A tensor parameter: an input taken as contiguous, of the rank its callers
+// show (sizes its own symbols, as `p.size(d)` names them, or their constants).
+TensorFact LayoutAnalysis::Impl::paramFact(const ParmVarDecl *P) {
+  TensorFact F = assumedInput(P, "'" + P->getName().str() + "'", P->getName());
+  auto It = Params.find(P);
+  if (It == Params.end())
+    return F;
+  Shape Sz;
+  for (auto [D, C] : llvm::enumerate(It->second.Sizes))
+    Sz.push_back(C ? Mono::constant(*C) : ST.sym(P, std::int64_t(D) + 1));
+  setContiguous(F, Sz);
+  return F;
+}
+
 void LayoutAnalysis::Impl::run(const FunctionDecl *FD) {
   Stmt *Body = FD->getBody();
   if (!Body)
@@ -1392,7 +1437,7 @@ void LayoutAnalysis::Impl::run(const FunctionDecl *FD) {
     if (Untracked.count(P))
       continue;
     if (Model.isTensorType(P->getType()))
-      Entry.T[P] = assumedInput(P, "'" + P->getName().str() + "'", P->getName());
+      Entry.T[P] = paramFact(P);
     else if (P->getType()->isIntegerType())
       Entry.I[P] = ST.sym(P, 0);
   }
@@ -1413,6 +1458,7 @@ void LayoutAnalysis::run(const FunctionDecl *FD) { P->run(FD); }
 void LayoutAnalysis::setCallees(CalleeFn F) { P->Callees = std::move(F); }
 void LayoutAnalysis::setDeviceVars(DeviceFacts *D) { P->DeviceVars = D; }
 void LayoutAnalysis::setClassFacts(LayoutClassFacts *C) { P->Classes = C; }
+void LayoutAnalysis::setParamShapes(ParamShapes S) { P->Params = std::move(S); }
 const std::optional<TensorFact> &LayoutAnalysis::returnFact() const { return P->Returned; }
 const SymTable &LayoutAnalysis::symbols() const { return P->ST; }
 

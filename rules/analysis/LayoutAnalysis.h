@@ -165,6 +165,15 @@ struct LayoutClassFacts {
   llvm::DenseMap<const FieldDecl *, layout::DTypeName> FieldDTypes;
 };
 
+/// What every call of a function in the main file passes for one of its
+/// tensor parameters, where all agree (Note [call-site shapes] in
+/// AnalysisManager.cpp): a contiguous tensor of this rank, each size the same
+/// constant at every call or (none) a run-time value.
+struct ParamShape {
+  llvm::SmallVector<std::optional<std::int64_t>, 4> Sizes;
+};
+using ParamShapes = llvm::DenseMap<const ParmVarDecl *, ParamShape>;
+
 class LayoutAnalysis {
 public:
   LayoutAnalysis(const TensorModel &Model, ASTContext &Ctx);
@@ -180,6 +189,9 @@ public:
   void setDeviceVars(DeviceFacts *D);
   /// The TU's memo of class facts (a private one when not set).
   void setClassFacts(LayoutClassFacts *C);
+  /// Shapes the callers give parameters, used at entry instead of an
+  /// unknown rank (the defaults still hold for contiguity and dtype).
+  void setParamShapes(ParamShapes P);
 
   /// Analyses the body of a function (or a lambda's call operator).
   void run(const FunctionDecl *FD);

@@ -103,6 +103,7 @@ public:
   FixedLocals Locals; // structResultOf's and the factories' locals
   LayoutClassFacts *Classes = nullptr; // the TU's memo (OwnClasses when none is set)
   LayoutClassFacts OwnClasses;
+  ParamShapes Params; // what the callers pass (AnalysisManager)
   // memberStorage's identities of `v.f`: the first such expression.
   llvm::DenseMap<std::pair<const ValueDecl *, const ValueDecl *>, const MemberExpr *> MemberIds;
 
@@ -116,6 +117,7 @@ public:
   }
   std::string describe(const Expr *E) const;
   TensorFact onCertainCUDA(TensorFact F, const Expr *E);
+  TensorFact paramFact(const ParmVarDecl *P);
   TensorFact assumedResult(const Expr *E) const {
     TensorFact F = layout::assumedInput(E, "the result of '" + describe(E) + "'");
     F.KindSource.CallResult = true;
@@ -153,6 +155,7 @@ public:
   TensorFact applyOp(const OpCall &C);
   TensorFact factory(const OpCall &C);
   TensorFact unlistedMaker(const OpCall &C);
+  std::optional<Shape> joinedShape(const OpCall &C);
   bool isSizesOfTensor(const Expr *E) const;
   std::optional<Shape> sizesArg(const OpCall &C);
   TensorFact reshapeOp(const OpCall &C);

@@ -213,3 +213,30 @@ torch::Tensor quantileRows(QuantileNet &net, const torch::Tensor &emb, int64_t B
   return q.transpose(1, 2).flatten(0, 1) + byAction.t();
   // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: 'flatten' silently copies the non-contiguous result of 'transpose'
 }
+
+// Call-site shapes: a helper that does not say its input's rank takes the
+// rank every call passes. Merging heads after the swap copies at rank 4...
+torch::Tensor mergeHeads(const torch::Tensor &o) {
+  return o.transpose(1, 2).reshape({o.size(0), o.size(2), -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+}
+// ...and is a no-op at rank 3, where one of the calls passes a [B, T, C]:
+torch::Tensor mergeAny(const torch::Tensor &o) {
+  return o.transpose(1, 2).reshape({o.size(0), o.size(2), -1});
+}
+// A call with a size-1 dim (one sample) keeps the defaults: no rank.
+torch::Tensor mergeOne(const torch::Tensor &o) {
+  return o.transpose(1, 2).reshape({o.size(0), o.size(2), -1});
+}
+// A non-contiguous argument says nothing about a contiguous parameter.
+torch::Tensor mergeStrided(const torch::Tensor &o) {
+  return o.transpose(1, 2).reshape({o.size(0), o.size(2), -1});
+}
+torch::Tensor attend(const torch::Tensor &x, int64_t H) {
+  const auto B = x.size(0), T = x.size(1);
+  auto q = x.view({B, T, H, -1}).transpose(1, 2);
+  auto ctx = torch::matmul(torch::softmax(q.matmul(q.transpose(-2, -1)), -1), q);
+  auto both = torch::cat({ctx, ctx}, 2); // cat keeps the rank
+  return mergeHeads(ctx) + mergeHeads(both).narrow(1, 0, T) + mergeAny(ctx) + mergeAny(x) +
+         mergeOne(ctx.narrow(0, 0, 1).contiguous().view({1, H, T, -1})) + mergeStrided(q);
+}
