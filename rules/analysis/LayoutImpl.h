@@ -177,6 +177,8 @@ public:
   TensorFact cloneOp(const OpCall &C);
   TensorFact convertOp(const OpCall &C);
   TensorFact matmulOp(const OpCall &C);
+  Mono sizeOfRank(const OpCall &C, const TensorFact &F, size_t Rank, size_t D);
+  Mono resultCol(const OpCall &C, const TensorFact &O, size_t Rank);
   TensorFact byTable(const OpCall &C);
   TensorFact byLayout(const OpCall &C);
 
@@ -254,6 +256,7 @@ public:
   ConversionTarget targetOf(const OpCall &C);
   std::optional<Shape> broadcast(const Shape &A, const Shape &B) const;
   TensorFact elementwise(const OpCall &C);
+  void denseFromExpanded(TensorFact &R);
   void libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call, const TensorFact &In,
                            TensorFact &F);
   TensorFact mixedLayout(const TensorFact &Self, const TensorFact &O);

@@ -1175,6 +1175,18 @@ std::optional<Shape> LayoutAnalysis::Impl::batchedLikeKnown(const OpCall &C,
   return R;
 }
 
+// Size D of an operand of an op that takes only tensors of this Rank (mm, bmm):
+// its own when its rank is known, else a new symbol I of the call.
+Mono LayoutAnalysis::Impl::sizeOfRank(const OpCall &C, const TensorFact &F, size_t Rank,
+                                      size_t D) {
+  return F.Sizes && F.Sizes->size() == Rank ? (*F.Sizes)[D] : ST.sym(C.Call, std::int64_t(D));
+}
+
+// The result's last size: the other operand's last, else a symbol of the call.
+Mono LayoutAnalysis::Impl::resultCol(const OpCall &C, const TensorFact &O, size_t Rank) {
+  return O.Sizes && O.Sizes->size() == Rank ? O.Sizes->back() : ST.sym(C.Call, std::int64_t(Rank) - 1);
+}
+
 TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
   TensorFact R = freshContiguous(C.Call);
   inheritKind(R, C.Self);
@@ -1184,9 +1196,10 @@ TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
   if (auto Sz = batchedLikeKnown(C, C.Self.Sizes, O.Sizes))
     setContiguous(R, *Sz);
   else if (C.Name == "mm" && (!C.Self.Sizes || !O.Sizes)) // always [n, m]
-    setContiguous(R, {C.Self.Sizes && C.Self.Sizes->size() == 2 ? C.Self.Sizes->front()
-                                                                   : ST.sym(C.Call, 0),
-                      O.Sizes && O.Sizes->size() == 2 ? O.Sizes->back() : ST.sym(C.Call, 1)});
+    setContiguous(R, {sizeOfRank(C, C.Self, 2, 0), resultCol(C, O, 2)});
+  else if (C.Name == "bmm" && (!C.Self.Sizes || !O.Sizes)) // always [b, n, m]
+    setContiguous(R, {C.Self.Sizes ? sizeOfRank(C, C.Self, 3, 0) : sizeOfRank(C, O, 3, 0),
+                      sizeOfRank(C, C.Self, 3, 1), resultCol(C, O, 3)});
   if (!C.Self.Sizes || !O.Sizes || C.Self.Sizes->size() < 2 || O.Sizes->size() < 2)
     return R;
   const Shape &A = *C.Self.Sizes, &B = *O.Sizes;
@@ -1197,6 +1210,26 @@ TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
   Batch->push_back(B.back());
   setContiguous(R, *Batch);
   return R;
+}
+
+// The result of an op that computes from an expanded self: TensorIterator
+// skips stride-0 dims when it orders the output's (reorder_dimensions), so
+// the output is contiguous when self's other strides are in order, as for
+// `arange(n).unsqueeze(0).expand({b, n}).clamp_min(0)`; else not followed.
+void LayoutAnalysis::Impl::denseFromExpanded(TensorFact &R) {
+  if (!hasStrideZero(R))
+    return;
+  std::optional<Mono> Prev;
+  for (const Mono &St : *R.Strides) {
+    if (St.isConst(0))
+      continue;
+    if (Prev && ST.cmp(*Prev, St) != Cmp::GT) {
+      R = unknownLike(R);
+      return;
+    }
+    Prev = St;
+  }
+  setContiguous(R, *R.Sizes);
 }
 
 // Ops whose result has self's sizes though the table makes it contiguous.
@@ -1211,6 +1244,7 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
   TensorFact R = C.Self;
   if (C.Op->storage == sem::Storage::Fresh)
     R.Src = C.Call;
+  denseFromExpanded(R);
   std::optional<TensorFact> Mixed;
   for (const Expr *A : C.Args) {
     if (!Model.isTensorExpr(A))

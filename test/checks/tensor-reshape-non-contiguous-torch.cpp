@@ -240,3 +240,17 @@ torch::Tensor attend(const torch::Tensor &x, int64_t H) {
   return mergeHeads(ctx) + mergeHeads(both).narrow(1, 0, T) + mergeAny(ctx) + mergeAny(x) +
          mergeOne(ctx.narrow(0, 0, 1).contiguous().view({1, H, T, -1})) + mergeStrided(q);
 }
+
+// bmm always returns [b, n, m], whatever its operands' ranks say.
+torch::Tensor perTree(const torch::Tensor &mu, const torch::Tensor &leaves, int64_t N) {
+  auto perTree = torch::bmm(mu.transpose(0, 1), leaves);
+  return perTree.transpose(0, 1).reshape({N, -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:34: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+}
+
+// An op computing from an expanded tensor allocates a dense result: the
+// stride-0 dim does not order it (TensorIterator), so it is contiguous here.
+torch::Tensor positions(const torch::Tensor &pad, int64_t b, int64_t n) {
+  auto pos = torch::arange(0, n, pad.options()).unsqueeze(0).expand({b, n});
+  return pos.clamp_min(0).flatten() + (pos - pad.unsqueeze(1)).flatten();
+}

@@ -280,3 +280,11 @@ torch::Tensor flattenBoth(const torch::Tensor &x) {
   return v.cols.view({-1}) + a;
   // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: 'view' on the non-contiguous result of 'transpose' throws at run time
 }
+
+// log10 (and log2, tan, ...) keep their input's layout, as every unary op.
+torch::Tensor peakPerClip(const torch::Tensor &power, const torch::Tensor &filters, int64_t B) {
+  auto mel = torch::matmul(power, filters.t()).transpose(1, 2);
+  auto logSpec = torch::clamp_min(mel, 1e-10).log10();
+  return std::get<0>(logSpec.view({B, -1}).max(1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'view' on the non-contiguous result of 'transpose'
+}
