@@ -70,8 +70,8 @@ const LayoutAnalysis *AnalysisManager::layoutAt(const Stmt *S) {
   if (auto It = Layouts.find(FD); It != Layouts.end())
     return It->second;
   const LayoutAnalysis *R = baseLayout(FD);
-  if (ParamShapes Shapes = paramShapes(FD); !Shapes.empty()) {
-    auto Made = makeLayout(FD, std::move(Shapes));
+  if (ParamFacts Params = paramFacts(FD); !Params.empty()) {
+    auto Made = makeLayout(FD, std::move(Params));
     R = (InContext[FD] = std::move(Made)).get();
   }
   return Layouts[FD] = R;
@@ -86,10 +86,10 @@ const LayoutAnalysis *AnalysisManager::baseLayout(const FunctionDecl *FD) {
   return (BaseLayouts[FD] = std::move(Made)).get();
 }
 
-// Callees are analysed on demand, without their callers' shapes; a call
+// Callees are analysed on demand, without their callers' facts; a call
 // back into a function being analysed (recursion) gets nothing.
 std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *FD,
-                                                            ParamShapes Shapes) {
+                                                            ParamFacts Params) {
   auto L = std::make_unique<LayoutAnalysis>(Model, Ctx);
   L->setCallees([this](const FunctionDecl *Callee) -> const LayoutAnalysis * {
     const FunctionDecl *Def = nullptr;
@@ -101,24 +101,27 @@ std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *
   });
   L->setDeviceVars(devicesAt(FD->getBody()));
   L->setClassFacts(&LayoutClasses);
-  L->setParamShapes(std::move(Shapes));
+  L->setParamFacts(std::move(Params));
   InLayout.insert(FD);
   L->run(FD);
   InLayout.erase(FD);
   return L;
 }
 
-// Note [call-site shapes]
-// Helpers take tensors by parameter and rarely say their rank:
+// Note [call-site facts]
+// Helpers take tensors by parameter and rarely say their rank or device:
 // `merge_heads(const Tensor &o)` returns `o.transpose(1, 2).reshape(...)`, a
-// copy at rank 4 and no copy at rank 3. When every call in the main file
-// (one at least) passes a contiguous tensor of one rank, by its caller's
-// facts computed without this (one level of context), the parameter has that
-// rank. Calls the index cannot see leave it unknown: a virtual method, a
-// function whose address escapes, a module's forward (called through its
-// holder), a caller being analysed (recursion).
-ParamShapes AnalysisManager::paramShapes(const FunctionDecl *FD) {
-  ParamShapes Out;
+// copy at rank 4 and no copy at rank 3; `luma(rgb)` multiplies by a host
+// tensor, an error when every caller passes a CUDA image. Where every call in
+// the main file (one at least) passes a contiguous tensor of one rank with no
+// size 1, or a tensor on one device the code shows, by its caller's facts
+// computed without this (one level of context), the parameter has that rank
+// or device. The size-1 rule keeps a helper written for any batch at the
+// defaults when a call passes `x.unsqueeze(0)`. Calls the index cannot see
+// leave the defaults: a virtual method, a function whose address escapes, a
+// module's forward (called through its holder), a caller being analysed.
+ParamFacts AnalysisManager::paramFacts(const FunctionDecl *FD) {
+  ParamFacts Out;
   const auto *MD = dyn_cast<CXXMethodDecl>(FD);
   std::optional<llvm::ArrayRef<CallSites::Site>> Sites = calls().of(FD);
   if ((MD && isModuleForward(MD)) || !Sites || Sites->empty())
@@ -127,34 +130,49 @@ ParamShapes AnalysisManager::paramShapes(const FunctionDecl *FD) {
     const ParmVarDecl *P = FD->getParamDecl(I);
     if (!Model.isTensorType(P->getType()))
       continue;
-    std::optional<ParamShape> First = argumentShape(Sites->front(), FD, I);
-    if (First && llvm::all_of(Sites->drop_front(), [&](const CallSites::Site &S) {
-          std::optional<ParamShape> Sh = argumentShape(S, FD, I);
-          return Sh && Sh->Sizes == First->Sizes;
-        }))
-      Out[P] = std::move(*First);
+    std::optional<ParamFact> All = argumentFact(Sites->front(), FD, I);
+    for (const CallSites::Site &S : Sites->drop_front()) {
+      std::optional<ParamFact> A = All ? argumentFact(S, FD, I) : std::nullopt;
+      if (!A) {
+        All.reset();
+        break;
+      }
+      if (A->Sizes != All->Sizes)
+        All->Sizes.reset();
+      if (A->Device != All->Device)
+        All->Device = TensorFact::AnyDevice;
+      All->DeviceRuntime |= A->DeviceRuntime;
+    }
+    if (All && All->says())
+      Out[P] = std::move(*All);
   }
   return Out;
 }
 
-// The shape the I-th argument of FD has at S, when its caller's facts show a
-// contiguous tensor of known rank and no size 1: a helper written for any
-// batch, called once with `x.unsqueeze(0)`, keeps the defaults.
-std::optional<ParamShape> AnalysisManager::argumentShape(const CallSites::Site &S,
-                                                         const FunctionDecl *FD, unsigned I) {
+// What the I-th argument of FD is at S, by its caller's facts: its rank when
+// contiguous with no size 1, its device when the code shows it.
+std::optional<ParamFact> AnalysisManager::argumentFact(const CallSites::Site &S,
+                                                       const FunctionDecl *FD, unsigned I) {
   unsigned Shift = isa<CXXOperatorCallExpr>(S.Call) && isa<CXXMethodDecl>(FD) ? 1 : 0;
   if (InLayout.contains(S.Caller) || I + Shift >= S.Call->getNumArgs())
     return std::nullopt;
   const Expr *Arg = S.Call->getArg(I + Shift);
   const Expr *T = isa<CXXDefaultArgExpr>(Arg) ? nullptr : Model.tensorOperand(Arg);
   const TensorFact *F = T ? baseLayout(S.Caller)->factOf(T) : nullptr;
-  if (!F || !F->Sizes || F->Contig != TensorFact::Yes ||
-      llvm::any_of(*F->Sizes, [](const Mono &M) { return M.isConst(1); }))
+  if (!F)
     return std::nullopt;
-  ParamShape Sh;
-  for (const Mono &M : *F->Sizes)
-    Sh.Sizes.push_back(M.isConst() ? std::optional<std::int64_t>(M.Num) : std::nullopt);
-  return Sh;
+  ParamFact A;
+  if (F->Sizes && F->Contig == TensorFact::Yes &&
+      llvm::none_of(*F->Sizes, [](const Mono &M) { return M.isConst(1); })) {
+    A.Sizes.emplace();
+    for (const Mono &M : *F->Sizes)
+      A.Sizes->push_back(M.isConst() ? std::optional<std::int64_t>(M.Num) : std::nullopt);
+  }
+  if (!F->DeviceAssumed) {
+    A.Device = F->Device;
+    A.DeviceRuntime = F->DeviceRuntime;
+  }
+  return A;
 }
 
 LoopAnalysis *AnalysisManager::loopsAt(const Stmt *S) {

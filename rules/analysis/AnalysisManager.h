@@ -47,12 +47,12 @@ private:
                MakeFn Make);
 
   const LayoutAnalysis *baseLayout(const FunctionDecl *FD);
-  std::unique_ptr<LayoutAnalysis> makeLayout(const FunctionDecl *FD, ParamShapes Shapes);
-  /// FD's tensor parameters that every call passes a contiguous tensor of
-  /// one rank (Note [call-site shapes]).
-  ParamShapes paramShapes(const FunctionDecl *FD);
-  std::optional<ParamShape> argumentShape(const CallSites::Site &S, const FunctionDecl *FD,
-                                          unsigned I);
+  std::unique_ptr<LayoutAnalysis> makeLayout(const FunctionDecl *FD, ParamFacts Params);
+  /// What every call passes FD's tensor parameters, where the calls agree
+  /// (Note [call-site facts]).
+  ParamFacts paramFacts(const FunctionDecl *FD);
+  std::optional<ParamFact> argumentFact(const CallSites::Site &S, const FunctionDecl *FD,
+                                        unsigned I);
   /// FD is called in the main file, and only with grad mode off: under a
   /// no-grad guard at each call, or in a caller that is itself (two levels).
   bool gradOffAtEntry(const FunctionDecl *FD, unsigned Depth = 0);

@@ -1407,17 +1407,26 @@ void LayoutAnalysis::Impl::forgetWrittenArgs(const CallExpr *Call, State &S) {
   }
 }
 
-// A tensor parameter: an input taken as contiguous, of the rank its callers
-// show (sizes its own symbols, as `p.size(d)` names them, or their constants).
+// A tensor parameter: an input taken as contiguous, of the rank and on the
+// device its callers show (sizes its own symbols, as `p.size(d)` names them,
+// or their constants).
 TensorFact LayoutAnalysis::Impl::paramFact(const ParmVarDecl *P) {
   TensorFact F = assumedInput(P, "'" + P->getName().str() + "'", P->getName());
   auto It = Params.find(P);
   if (It == Params.end())
     return F;
-  Shape Sz;
-  for (auto [D, C] : llvm::enumerate(It->second.Sizes))
-    Sz.push_back(C ? Mono::constant(*C) : ST.sym(P, std::int64_t(D) + 1));
-  setContiguous(F, Sz);
+  const ParamFact &C = It->second;
+  if (C.Sizes) {
+    Shape Sz;
+    for (auto [D, N] : llvm::enumerate(*C.Sizes))
+      Sz.push_back(N ? Mono::constant(*N) : ST.sym(P, std::int64_t(D) + 1));
+    setContiguous(F, Sz);
+  }
+  if (C.Device != TensorFact::AnyDevice) {
+    F.Device = C.Device;
+    F.DeviceAssumed = false;
+    F.DeviceRuntime = C.DeviceRuntime;
+  }
   return F;
 }
 
@@ -1458,7 +1467,7 @@ void LayoutAnalysis::run(const FunctionDecl *FD) { P->run(FD); }
 void LayoutAnalysis::setCallees(CalleeFn F) { P->Callees = std::move(F); }
 void LayoutAnalysis::setDeviceVars(DeviceFacts *D) { P->DeviceVars = D; }
 void LayoutAnalysis::setClassFacts(LayoutClassFacts *C) { P->Classes = C; }
-void LayoutAnalysis::setParamShapes(ParamShapes S) { P->Params = std::move(S); }
+void LayoutAnalysis::setParamFacts(ParamFacts S) { P->Params = std::move(S); }
 const std::optional<TensorFact> &LayoutAnalysis::returnFact() const { return P->Returned; }
 const SymTable &LayoutAnalysis::symbols() const { return P->ST; }
 

@@ -166,13 +166,16 @@ struct LayoutClassFacts {
 };
 
 /// What every call of a function in the main file passes for one of its
-/// tensor parameters, where all agree (Note [call-site shapes] in
+/// tensor parameters, where all agree (Note [call-site facts] in
 /// AnalysisManager.cpp): a contiguous tensor of this rank, each size the same
-/// constant at every call or (none) a run-time value.
-struct ParamShape {
-  llvm::SmallVector<std::optional<std::int64_t>, 4> Sizes;
+/// constant at every call or (none) a run-time value; a device the code shows.
+struct ParamFact {
+  std::optional<llvm::SmallVector<std::optional<std::int64_t>, 4>> Sizes;
+  TensorFact::DeviceKind Device = TensorFact::AnyDevice;
+  bool DeviceRuntime = false;
+  bool says() const { return Sizes || Device != TensorFact::AnyDevice; }
 };
-using ParamShapes = llvm::DenseMap<const ParmVarDecl *, ParamShape>;
+using ParamFacts = llvm::DenseMap<const ParmVarDecl *, ParamFact>;
 
 class LayoutAnalysis {
 public:
@@ -189,9 +192,9 @@ public:
   void setDeviceVars(DeviceFacts *D);
   /// The TU's memo of class facts (a private one when not set).
   void setClassFacts(LayoutClassFacts *C);
-  /// Shapes the callers give parameters, used at entry instead of an
-  /// unknown rank (the defaults still hold for contiguity and dtype).
-  void setParamShapes(ParamShapes P);
+  /// What the callers give parameters, used at entry instead of an unknown
+  /// rank and device (the defaults still hold for contiguity and dtype).
+  void setParamFacts(ParamFacts P);
 
   /// Analyses the body of a function (or a lambda's call operator).
   void run(const FunctionDecl *FD);

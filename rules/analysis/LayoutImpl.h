@@ -103,7 +103,7 @@ public:
   FixedLocals Locals; // structResultOf's and the factories' locals
   LayoutClassFacts *Classes = nullptr; // the TU's memo (OwnClasses when none is set)
   LayoutClassFacts OwnClasses;
-  ParamShapes Params; // what the callers pass (AnalysisManager)
+  ParamFacts Params; // what the callers pass (AnalysisManager)
   // memberStorage's identities of `v.f`: the first such expression.
   llvm::DenseMap<std::pair<const ValueDecl *, const ValueDecl *>, const MemberExpr *> MemberIds;
 

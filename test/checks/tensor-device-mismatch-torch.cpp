@@ -502,3 +502,23 @@ struct Wrapper : torch::nn::Module {
   }
   Decoder dec_{nullptr};
 };
+
+// Call-site facts: every call passes a CUDA image, so the helper's host
+// weights meet a CUDA tensor.
+Tensor luma(const Tensor &rgb) {
+  auto w = torch::tensor({65.481f, 128.553f, 24.966f}).view({1, 3, 1, 1});
+  return (rgb * w).sum(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:15: error: '*' combines the CPU tensor 'w' with 'rgb'
+  // CHECK-FIXES: {{^}}  return (rgb * w.to(rgb.device())).sum(1);{{$}}
+}
+// One call passes a host image: the calls do not agree, nothing is said.
+Tensor lumaAny(const Tensor &rgb) {
+  auto w = torch::tensor({65.481f, 128.553f, 24.966f}).view({1, 3, 1, 1});
+  return (rgb * w).sum(1);
+}
+double psnrY(const Tensor &sr, const Tensor &hr) {
+  torch::Device cuda(torch::kCUDA);
+  auto a = sr.to(cuda), b = hr.to(cuda);
+  auto d = luma(a) - luma(b);
+  return (lumaAny(a) - lumaAny(hr.cpu())).mean().item<double>() + d.mean().item<double>();
+}

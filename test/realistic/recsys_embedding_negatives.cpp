@@ -27,7 +27,7 @@ void sparse_sgd(TwoTower &model, const torch::Tensor &user_rows, const torch::Te
     w.index_add_(0, ru, w.grad().index_select(0, ru), -lr); // LOOKALIKE: tensor-inplace-on-leaf -- under NoGradGuard
   }
   // Item rows: added later, outside the guard.
-  auto ri = std::get<0>(at::_unique(torch::cat({pos, neg.flatten()})));
+  auto ri = std::get<0>(at::_unique(torch::cat({pos, neg.flatten()}))); // EXPECT: tensor-device-mismatch -- every call passes GPU positives and host-sampled negatives
   // FACT: e = torch.nn.Embedding(5, 3); assert raises(lambda: e.weight.index_add_(0, torch.tensor([1]), torch.ones(1, 3), alpha=-0.1), "leaf Variable that requires grad")
   model->items->weight.index_add_(0, ri, model->items->weight.grad().index_select(0, ri), -lr); // EXPECT: tensor-inplace-on-leaf
   model->items->weight.grad().index_fill_(0, ri, 0); // LOOKALIKE: tensor-inplace-on-leaf -- the gradient, not the weight
