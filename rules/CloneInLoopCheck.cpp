@@ -85,15 +85,6 @@ Finding copyInLoopFinding(StringRef Check, const CXXMemberCallExpr *Call, const 
 
 // `torch::zeros({}, kLong)`: a value the iteration makes itself, not data
 // kept across iterations.
-static bool isFactoryCall(const Expr *E) {
-  const auto *C = dyn_cast<CallExpr>(E->IgnoreImplicit());
-  const FunctionDecl *F = C ? C->getDirectCallee() : nullptr;
-  if (!F || isa<CXXMethodDecl>(F) || !F->getIdentifier())
-    return false;
-  const sem::OpInfo *Op = sem::lookup(F->getName());
-  return Op && Op->storage == sem::Storage::Factory;
-}
-
 // The fix-its: use the source itself, or hoist the declaration out of the
 // loop (and copy_ into it when the loop writes it).
 static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call, const Stmt *Loop,
@@ -206,7 +197,7 @@ CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel 
   C.U = C.LA->usesOfTemporary(Call, C.Loop);
   // `correct = torch::zeros({}).to(device)` then `correct += ...`: an
   // accumulator started afresh each pass, whose fresh value is the point.
-  if (C.U.Escapes || (C.U.Written && isFactoryCall(Src)))
+  if (C.U.Escapes || (C.U.Written && TensorModel::isFactoryCall(Src)))
     return std::nullopt;
   return C;
 }

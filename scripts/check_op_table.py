@@ -30,6 +30,8 @@ def probes(torch, F):
     return {
         "eye": lambda t: torch.eye(3), "randint": lambda t: torch.randint(0, 4, (3, 4)),
         "randperm": lambda t: torch.randperm(5),
+        "rand_like": torch.rand_like, "randn_like": torch.randn_like,
+        "randint_like": lambda t: torch.randint_like(t, 4),
         "moveaxis": lambda t: t.moveaxis(1, 2), "movedim": lambda t: t.movedim(1, 2),
         "mT": lambda t: t.mT, "swapaxes": lambda t: t.swapaxes(1, 2),
         "swapdims": lambda t: t.swapdims(1, 2),
@@ -65,7 +67,7 @@ def probes(torch, F):
         "silu": F.silu, "sin": torch.sin, "softplus": F.softplus, "softsign": F.softsign,
         "square": torch.square,
         "adaptive_avg_pool2d": lambda t: F.adaptive_avg_pool2d(t, 1), "amax": lambda t: t.amax(-1),
-        "amin": lambda t: t.amin(-1), "avg_pool2d": lambda t: F.avg_pool2d(t, 2),
+        "amin": lambda t: t.amin(-1), "mean_dim": lambda t: t.mean(-1), "avg_pool2d": lambda t: F.avg_pool2d(t, 2),
         "batch_norm": lambda t: F.batch_norm(t, None, None, training=True),
         "binary_cross_entropy": lambda t: F.binary_cross_entropy(t.sigmoid(), t.sigmoid().detach()),
         "binary_cross_entropy_with_logits": lambda t: F.binary_cross_entropy_with_logits(t, t.detach()),
@@ -147,6 +149,7 @@ def saves_probes(torch, F):
         "softplus": un(F.softplus), "square": un(torch.square),
         # save nothing an in-place write can reach
         "add": bi(torch.add), "sub": bi(torch.sub), "sum": un(torch.sum), "mean": un(torch.mean),
+        "mean_dim": un(lambda a: a.mean(-1, True)),
         "neg": un(torch.neg), "clone": un(torch.clone), "cat": bi(lambda a, b: torch.cat([a, b])),
         "stack": bi(lambda a, b: torch.stack([a, b])), "dropout": un(lambda a: F.dropout(a, 0.5, True)),
         "cross_entropy": un(lambda a: F.cross_entropy(a, torch.zeros(4, dtype=torch.long))),
@@ -279,7 +282,7 @@ def dtype_probes(torch, F):
         "log1p": lambda x: x.log1p(), "log10": lambda x: x.log10(), "log2": lambda x: x.log2(),
         "logit": lambda x: x.logit(), "sinh": lambda x: x.sinh(), "cosh": lambda x: x.cosh(),
         "tan": lambda x: x.tan(), "atan": lambda x: x.atan(), "exp2": lambda x: x.exp2(), "log_softmax": lambda x: x.log_softmax(1),
-        "mean": lambda x: x.mean(), "rsqrt": lambda x: x.rsqrt(), "sigmoid": lambda x: x.sigmoid(),
+        "mean": lambda x: x.mean(), "mean_dim": lambda x: x.mean(1), "rsqrt": lambda x: x.rsqrt(), "sigmoid": lambda x: x.sigmoid(),
         "silu": lambda x: F.silu(x), "softmax": lambda x: x.softmax(1), "sqrt": lambda x: x.sqrt(),
         "tanh": lambda x: x.tanh(),
     }

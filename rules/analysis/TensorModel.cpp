@@ -61,6 +61,15 @@ const Expr *TensorModel::selfOf(const CallExpr *Call) {
   return nullptr;
 }
 
+bool TensorModel::isFactoryCall(const Expr *E) {
+  const auto *C = dyn_cast_or_null<CallExpr>(E ? E->IgnoreImplicit() : nullptr);
+  const FunctionDecl *F = C ? C->getDirectCallee() : nullptr;
+  if (!F || isa<CXXMethodDecl>(F) || !F->getIdentifier() || !isTensorApi(F))
+    return false;
+  const sem::OpInfo *Op = sem::lookup(F->getName());
+  return F->getName() == "from_blob" || (Op && Op->storage == sem::Storage::Factory);
+}
+
 const sem::OpInfo *TensorModel::opOf(const CallExpr *Call) const {
   const auto *FD = Call->getDirectCallee();
   if (!FD || !FD->getIdentifier())
@@ -90,9 +99,24 @@ static bool buildsTensorIndex(const TensorModel &M, const Stmt *S) {
   return false;
 }
 
+// LibTorch's mean over dims saves its input for backward (MeanBackward1 in
+// 1.13); the mean of all elements, and tt's mean, save nothing.
+static bool isLibTorchMeanOverDims(const CallExpr *Call) {
+  const FunctionDecl *FD = Call->getDirectCallee();
+  if (!FD)
+    return false;
+  std::string Q = FD->getQualifiedNameAsString();
+  unsigned First = isa<CXXMethodDecl>(FD) ? 0 : 1;
+  return (llvm::StringRef(Q).starts_with("at::") || llvm::StringRef(Q).starts_with("torch::")) &&
+         FD->getNumParams() > First &&
+         llvm::StringRef(FD->getParamDecl(First)->getType().getAsString()).contains("ArrayRef");
+}
+
 llvm::StringRef TensorModel::rowName(const CallExpr *Call, llvm::StringRef Name) const {
   if (Name == "logsigmoid") // torch::nn::functional's spelling of the row
     return "log_sigmoid";
+  if (Name == "mean" && isLibTorchMeanOverDims(Call))
+    return "mean_dim";
   if (Name != "index")
     return Name;
   for (const Expr *A : Call->arguments())

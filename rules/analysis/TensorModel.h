@@ -36,6 +36,10 @@ public:
   // tensor or a tensor list first: `torch::cat({a, b})`), or nullptr when the
   // callee is not a tensor op we know.
   const sem::OpInfo *opOf(const CallExpr *Call) const;
+  // A free function of the tensor API that makes a tensor from sizes or data:
+  // a Factory row of the op table (`zeros`, `randn_like`, `tensor`...) or
+  // `from_blob`, which wraps memory it is given.
+  static bool isFactoryCall(const Expr *E);
 
   // The ops.def row name for a call of Name: "index_tensor" for index() with
   // a tensor index (advanced indexing copies; integers and slices are a view),

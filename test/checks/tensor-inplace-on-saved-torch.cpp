@@ -431,3 +431,14 @@ void trainScorer(RelScorer &model, const torch::Tensor &emb, const torch::Tensor
   gate.clamp_(0.1, 0.9); // no graph: the parameter detached
   (probs.log().mean() + gate.mean()).backward();
 }
+
+// LibTorch's mean over a dim saves its input (MeanBackward1 in 1.13); the
+// mean of all elements does not.
+Tensor removeDc(torch::nn::Linear &proj, const Tensor &x) {
+  auto w = proj(x);
+  w.sub_(w.mean(-1, true));
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'sub_' on 'w', which 'mean' saved for backward (its input)
+  auto v = proj(x);
+  v.sub_(v.mean());
+  return w.pow(2).sum() + v.pow(2).sum();
+}
