@@ -196,8 +196,11 @@ CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel 
     return std::nullopt;
   C.U = C.LA->usesOfTemporary(Call, C.Loop);
   // `correct = torch::zeros({}).to(device)` then `correct += ...`: an
-  // accumulator started afresh each pass, whose fresh value is the point.
-  if (C.U.Escapes || (C.U.Written && TensorModel::isFactoryCall(Src)))
+  // accumulator started afresh each pass, whose fresh value is the point;
+  // `torch::arange(n).to(kFloat)`: a construction in two steps, not a copy of
+  // a tensor that lives across iterations (a move to a device still is).
+  const ConversionQuery *Q = C.Lay ? C.Lay->conversionOf(Call) : nullptr;
+  if (C.U.Escapes || (TensorModel::isFactoryCall(Src) && (C.U.Written || !(Q && Q->Transfer))))
     return std::nullopt;
   return C;
 }

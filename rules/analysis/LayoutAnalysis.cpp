@@ -1286,6 +1286,14 @@ DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) const {
 // Facts an assertion establishes: the dtype of `x.scalar_type() == kX`,
 // `x.is_contiguous()`, `x.is_cuda()`.
 void LayoutAnalysis::Impl::assertionFacts(const Expr *E, State &S) {
+  // `a && b` is a statement of its own where both paths meet: each conjunct
+  // holds there (its own statement's fact was lost at the join).
+  if (const auto *BO = dyn_cast<BinaryOperator>(E->IgnoreParens());
+      BO && BO->getOpcode() == BO_LAnd) {
+    assertionFacts(BO->getLHS(), S);
+    assertionFacts(BO->getRHS(), S);
+    return;
+  }
   llvm::StringRef Name;
   auto [Obj, DT] = dtypeTest(E);
   if (!Obj)

@@ -297,3 +297,14 @@ torch::Tensor picked_scores(const torch::Tensor &scores, const torch::Tensor &io
   // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: copy_ silently converts float32 to int64 (the destination's dtype): fractions are truncated toward zero (assuming 'scores' is float32
   return bins;
 }
+
+// Each conjunct of an assertion holds after it: both frames are uint8.
+struct FrameReplay {
+  Tensor obs_ = torch::zeros({8, 4, 84, 84}, torch::kByte), next_ = torch::zeros({8, 4, 84, 84}, torch::kByte);
+  int64_t pos_ = 0;
+  void push(const Tensor &obs, const Tensor &next_obs) {
+    TORCH_CHECK(obs.scalar_type() == torch::kByte && next_obs.scalar_type() == torch::kByte, "uint8 frames");
+    obs_[pos_].copy_(obs);
+    next_[pos_].copy_(next_obs);
+  }
+};
