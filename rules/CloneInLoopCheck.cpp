@@ -178,6 +178,15 @@ std::string CloneInLoopCheck::message(const CXXMemberCallExpr *Call, StringRef S
   return Msg;
 }
 
+// `cuda()`, `cpu()`, or a conversion given a device, options or another
+// tensor (whose device it takes): not a dtype-only conversion.
+static bool mayMoveDevice(const CXXMemberCallExpr *Call, const TensorModel &Model) {
+  StringRef Name = Call->getMethodDecl()->getName();
+  return Name == "cuda" || Name == "cpu" || llvm::any_of(Call->arguments(), [&](const Expr *A) {
+           return isDeviceLikeType(A->getType()) || Model.isTensorExpr(A);
+         });
+}
+
 std::optional<CloneInLoopCheck::LoopCopy>
 CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel &Model,
                                ASTContext &Ctx) {
@@ -198,9 +207,8 @@ CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel 
   // `correct = torch::zeros({}).to(device)` then `correct += ...`: an
   // accumulator started afresh each pass, whose fresh value is the point;
   // `torch::arange(n).to(kFloat)`: a construction in two steps, not a copy of
-  // a tensor that lives across iterations (a move to a device still is).
-  const ConversionQuery *Q = C.Lay ? C.Lay->conversionOf(Call) : nullptr;
-  if (C.U.Escapes || (TensorModel::isFactoryCall(Src) && (C.U.Written || !(Q && Q->Transfer))))
+  // a tensor that lives across iterations (a possible move to a device still is).
+  if (C.U.Escapes || (TensorModel::isFactoryCall(Src) && (C.U.Written || !mayMoveDevice(Call, Model))))
     return std::nullopt;
   return C;
 }

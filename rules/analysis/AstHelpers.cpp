@@ -442,4 +442,11 @@ bool isDetachCall(const Stmt *S) {
          llvm::is_contained({"detach", "data"}, M->getName());
 }
 
+// A torch::Device or TensorOptions (by value or reference): what a device
+// argument is spelled as.
+bool isDeviceLikeType(QualType T) {
+  std::string N = T.getNonReferenceType().getUnqualifiedType().getAsString();
+  return N.find("Device") != std::string::npos || N.find("TensorOptions") != std::string::npos;
+}
+
 } // namespace clang::tidy::tensor

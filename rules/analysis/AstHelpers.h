@@ -161,4 +161,7 @@ CharSourceRange wholeLines(SourceLocation Begin, SourceLocation Semi, const Sour
 /// constructors' written initializers, and `F = v` in its methods.
 llvm::SmallVector<const Expr *, 4> valuesOfField(const FieldDecl *F);
 
+/// A torch::Device or TensorOptions type: a device argument (`to(device)`).
+bool isDeviceLikeType(QualType T);
+
 } // namespace clang::tidy::tensor

@@ -39,11 +39,6 @@ bool asksAvailability(const Stmt *S) {
   return llvm::any_of(S->children(), [](const Stmt *C) { return asksAvailability(C); });
 }
 
-bool isDeviceLikeType(QualType T) {
-  std::string N = T.getNonReferenceType().getUnqualifiedType().getAsString();
-  return N.find("Device") != std::string::npos || N.find("TensorOptions") != std::string::npos;
-}
-
 // `p.first` / `p.second` of a std::pair, or a tensor field of a plain struct
 // value (`out.logits` of the struct a `forward` returns): its tensors come
 // from one computation.
