@@ -82,7 +82,7 @@ const LayoutAnalysis *AnalysisManager::baseLayout(const FunctionDecl *FD) {
   if (auto It = BaseLayouts.find(FD); It != BaseLayouts.end())
     return It->second.get();
   // makeLayout may fill other slots (a callee's analysis): insert after it.
-  auto Made = makeLayout(FD, {});
+  auto Made = makeLayout(FD, ParamFacts());
   return (BaseLayouts[FD] = std::move(Made)).get();
 }
 
