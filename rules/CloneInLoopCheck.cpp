@@ -83,8 +83,6 @@ Finding copyInLoopFinding(StringRef Check, const CXXMemberCallExpr *Call, const 
 
 } // namespace
 
-// `torch::zeros({}, kLong)`: a value the iteration makes itself, not data
-// kept across iterations.
 // The fix-its: use the source itself, or hoist the declaration out of the
 // loop (and copy_ into it when the loop writes it).
 static llvm::SmallVector<FixItHint, 3> hoistFixes(const CXXMemberCallExpr *Call, const Stmt *Loop,

@@ -329,7 +329,6 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
   }
   if (isStdMoveLike(C) || N == "get") // std::get<0>(t.max(1)): the tuple's tensors
     return C->getNumArgs() ? deviceOf(C->getArg(0), Depth) : DeviceKnown::Unknown;
-  const sem::OpInfo *Op = sem::lookup(N);
   if (TensorModel::isFactoryCall(C))
     return ofFactory(C, Depth);
   // A module member every constructor moves to CUDA computes on CUDA.

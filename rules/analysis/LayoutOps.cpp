@@ -1176,7 +1176,7 @@ std::optional<Shape> LayoutAnalysis::Impl::batchedLikeKnown(const OpCall &C,
 }
 
 // Size D of an operand of an op that takes only tensors of this Rank (mm, bmm):
-// its own when its rank is known, else a new symbol I of the call.
+// its own when its rank is known, else the call's symbol for dim D.
 Mono LayoutAnalysis::Impl::sizeOfRank(const OpCall &C, const TensorFact &F, size_t Rank,
                                       size_t D) {
   return F.Sizes && F.Sizes->size() == Rank ? (*F.Sizes)[D] : ST.sym(C.Call, std::int64_t(D));
