@@ -3,6 +3,7 @@
 #include "analysis/AstHelpers.h"
 
 #include "clang/AST/DeclCXX.h"
+#include "clang/AST/ParentMapContext.h"
 #include "clang/AST/ExprCXX.h"
 
 #include <utility>
@@ -189,6 +190,75 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
   Cut.Hard |= Outer.Hard;
   Cut.Hyps.insert(Outer.Hyps.begin(), Outer.Hyps.end());
   return D;
+}
+
+// Note [reaching assignment]
+// A variable's device is the meet of every value it is given, which loses
+// `pos = pos.to(device)`: the initial host value meets the device one. A use
+// has the value of the last statement before it, in a block around it, that
+// assigns (or declares) the variable, when no statement in between, and no
+// loop around both, assigns it another way: the assignment dominates the use
+// and nothing else reaches it.
+bool DeviceFacts::assignsWithin(const VarDecl *V, const Stmt *S, const Stmt *Except) const {
+  auto It = Assigned.find(V);
+  if (It == Assigned.end())
+    return false;
+  const SourceManager &SM = Ctx.getSourceManager();
+  auto In = [&](SourceLocation L, const Stmt *Of) {
+    return Of && !SM.isBeforeInTranslationUnit(L, Of->getBeginLoc()) &&
+           !SM.isBeforeInTranslationUnit(Of->getEndLoc(), L);
+  };
+  return llvm::any_of(It->second, [&](const Expr *R) {
+    return In(R->getBeginLoc(), S) && !In(R->getBeginLoc(), Except);
+  });
+}
+
+const Expr *DeviceFacts::valueGivenBy(const Stmt *St, const VarDecl *V, bool &Found) const {
+  Found = true;
+  if (const auto *DS = dyn_cast<DeclStmt>(St); DS && llvm::is_contained(DS->decls(), V)) {
+    const auto *Ctor = dyn_cast_or_null<CXXConstructExpr>(V->getInit() ? V->getInit()->IgnoreImplicit() : nullptr);
+    return Ctor && !Ctor->getNumArgs() ? nullptr : V->getInit();
+  }
+  if (!assignsWithin(V, St)) {
+    Found = false;
+    return nullptr;
+  }
+  const auto *E = dyn_cast<Expr>(St);
+  auto [L, R] = assignmentSides(E ? E->IgnoreImplicit() : nullptr);
+  const auto *D = L ? dyn_cast<DeclRefExpr>(stripHandle(L)) : nullptr;
+  return D && D->getDecl() == V ? R : nullptr;
+}
+
+const Expr *DeviceFacts::reachingValue(const DeclRefExpr *Use, const VarDecl *V) const {
+  if (!Assigned.count(V))
+    return nullptr;
+  const Stmt *Child = Use;
+  DynTypedNodeList Ps = Ctx.getParents(*Use);
+  while (Ps.size() == 1) {
+    if (const auto *D = Ps[0].get<VarDecl>()) { // the use is in an initialiser
+      Ps = Ctx.getParents(*D);
+      continue;
+    }
+    const Stmt *P = Ps[0].get<Stmt>();
+    if (!P || isa<LambdaExpr>(P))
+      return nullptr;
+    if (const auto *CS = dyn_cast<CompoundStmt>(P)) {
+      auto Before = llvm::make_range(CS->body_begin(), llvm::find(CS->body(), Child));
+      for (const Stmt *St : llvm::reverse(Before)) {
+        bool Found;
+        const Expr *R = valueGivenBy(St, V, Found);
+        if (Found)
+          return R;
+      }
+    } else if (isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(P) && assignsWithin(V, P)) {
+      return nullptr; // the back edge may bring another value
+    } else if (assignsWithin(V, P, Child)) {
+      return nullptr; // `if (c) x = ...;` beside the use's branch, or within the expression
+    }
+    Child = P;
+    Ps = Ctx.getParents(*P);
+  }
+  return nullptr;
 }
 
 // A device member (`torch::Device device_;` set to kCUDA in the constructor):
@@ -552,6 +622,8 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
       if (const auto *DD = dyn_cast_or_null<VarDecl>(BD->getDecomposedDecl()))
         return ofVar(DD, false, Depth);
     const auto *V = dyn_cast<VarDecl>(DRE->getDecl());
+    if (const Expr *R = V ? reachingValue(DRE, V) : nullptr)
+      return deviceOf(R, Depth + 1);
     return V ? ofVar(V, false, Depth) : DeviceKnown::Unknown;
   }
   if (const auto *CO = dyn_cast<ConditionalOperator>(E))

@@ -36,6 +36,14 @@ public:
 
 private:
   DeviceKnown ofVar(const VarDecl *V, bool IsDevice, unsigned Depth);
+  /// The value V holds at Use when one assignment (or the declaration)
+  /// certainly gives it: see Note [reaching assignment]; else null.
+  const Expr *reachingValue(const DeclRefExpr *Use, const VarDecl *V) const;
+  /// The value St (a statement of a block before the use) gives V: Found
+  /// false when St does not assign V; null when it does but not plainly.
+  const Expr *valueGivenBy(const Stmt *St, const VarDecl *V, bool &Found) const;
+  /// An assignment to V within S, outside Except.
+  bool assignsWithin(const VarDecl *V, const Stmt *S, const Stmt *Except = nullptr) const;
   DeviceKnown ofField(const FieldDecl *F, unsigned Depth);
   /// A module member of a plain class (not itself a module) that every
   /// constructor moves to CUDA and no other method moves: CUDA; memoised.

@@ -120,8 +120,10 @@ bool isCompoundAssign(OverloadedOperatorKind K) {
 }
 
 GradKind joinKind(GradKind A, GradKind B) {
-  if (A == B)
+  if (A == B || B == GradKind::Undefined)
     return A;
+  if (A == GradKind::Undefined)
+    return B;
   auto Requires = [](GradKind K) { return K != GradKind::Unknown && K != GradKind::NoGrad; };
   return Requires(A) && Requires(B) ? GradKind::RequiresGrad : GradKind::Unknown;
 }
@@ -250,6 +252,21 @@ struct GradFacts::Impl {
     for (const BindingDecl *B : DD->bindings())
       St[B] = All || B == DD->bindings().front() ? F : GradFact{};
   }
+  // `std::tie(flow, mask) = block->forward(x)`: as `auto [flow, mask] = ...`.
+  static const CallExpr *tieCall(const Expr *E) {
+    const auto *C = dyn_cast<CallExpr>(E->IgnoreParenImpCasts());
+    const FunctionDecl *FD = C ? C->getDirectCallee() : nullptr;
+    return FD && FD->getIdentifier() && FD->getName() == "tie" && FD->isInStdNamespace() ? C
+                                                                                       : nullptr;
+  }
+  void bindTie(const CallExpr *Tie, const Expr *Value, State &St) const {
+    GradFact F = eval(Value, St);
+    const auto *Call = dyn_cast<CallExpr>(stripHandle(Value));
+    bool All = Call && !Model.opOf(Call);
+    for (unsigned I = 0; I < Tie->getNumArgs(); ++I)
+      if (const auto *DRE = dyn_cast<DeclRefExpr>(Tie->getArg(I)->IgnoreParenImpCasts()))
+        St[DRE->getDecl()] = All || I == 0 ? F : GradFact{};
+  }
   // `requires_grad(b)` of options: makes leaves that require grad when b.
   GradFact optionsFact(const CallExpr *Call) const {
     bool On = Call->getNumArgs() == 0 || isTrue(Call->getArg(0), Ctx);
@@ -299,7 +316,9 @@ bool GradFacts::Impl::join(State &Into, const State &From) {
       Changed = true;
       continue;
     }
-    GradFact J{joinKind(It->second.Kind, F.Kind), It->second.Source ? It->second.Source : F.Source};
+    const GradFact &Old = It->second;
+    GradFact J{joinKind(Old.Kind, F.Kind),
+               Old.Source && Old.Kind != GradKind::Undefined ? Old.Source : F.Source};
     if (!(J == It->second)) {
       It->second = J;
       Changed = true;
@@ -340,7 +359,10 @@ GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) c
 GradFact GradFacts::Impl::evalCalleeResult(const CallExpr *Call, const State &St) const {
   const FunctionDecl *FD = Call->getDirectCallee();
   bool Bundle = !Model.isTensorExpr(Call) && Model.isTensorStruct(Call->getType());
-  if (!G.Callees || !FD || isa<CXXMethodDecl>(FD) || (!Model.isTensorExpr(Call) && !Bundle) ||
+  // A method's arguments line up with its parameters in a member call, not
+  // in an operator call (the object is argument 0).
+  bool Aligned = !FD || !isa<CXXMethodDecl>(FD) || !isa<CXXOperatorCallExpr>(Call);
+  if (!G.Callees || !FD || !Aligned || (!Model.isTensorExpr(Call) && !Bundle) ||
       !G.gradEnabledAt(Call) || !readableCallee(FD))
     return {};
   // `auto losses = fcos_loss(outs, ...)`: a struct of losses its body makes
@@ -485,6 +507,10 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
     if (auto L = layerMethod(Call); L != GradClassFacts::LayerMethod::No)
       return {G.gradEnabledAt(Call) && L == GradClassFacts::LayerMethod::Layer ? GradKind::NonLeaf : GradKind::NoGrad,
               Call};
+  // `y_norm.decode(model->forward(x))`: a method of the TU making its result
+  // from an argument that requires grad.
+  if (GradFact F = evalCalleeResult(Call, St); F.Kind != GradKind::Unknown)
+    return F;
   // Element access on a container of parameters: begin(), value(), at()...
   return eval(Obj, St);
 }
@@ -542,9 +568,9 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
   if (FD && isInNamespace(FD, {"tt", "at", "c10", "torch"})) {
     if (FD->getName() == "requires_grad")
       return optionsFact(Call);
-    bool HasTensorArg = false;
+    bool HasTensorArg = false; // a tensor or a list of them (`torch::einsum(eq, {q, k})`)
     for (const Expr *A : Call->arguments())
-      HasTensorArg |= Model.isTensorExpr(A);
+      HasTensorArg |= Model.isTensorExpr(A) || Model.isTensorListType(A->getType());
     if (!HasTensorArg && Model.isTensorExpr(Call)) { // a factory the table does not list
       for (const Expr *A : Call->arguments())
         if (eval(A, St).Kind == GradKind::Leaf)
@@ -593,6 +619,9 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
     GradFact T = eval(CO->getTrueExpr(), St), F = eval(CO->getFalseExpr(), St);
     return {joinKind(T.Kind, F.Kind), T.Source ? T.Source : F.Source};
   }
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(E); CE && !CE->getNumArgs() &&
+                                                      Model.isTensorExpr(CE))
+    return {GradKind::Undefined, nullptr}; // `torch::Tensor mask;`
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) // TensorOptions(...) and friends
     for (const Expr *A : CE->arguments())
       if (eval(A, St).Kind == GradKind::Leaf && !Model.isTensorExpr(CE))
@@ -621,6 +650,8 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
       return;
     if (const auto *DRE = dyn_cast<DeclRefExpr>(OC->getArg(0)->IgnoreParenImpCasts()))
       St[DRE->getDecl()] = eval(OC->getArg(1), St);
+    else if (const auto *Tie = tieCall(OC->getArg(0)))
+      bindTie(Tie, OC->getArg(1), St);
     else if (Recording)
       recordFieldAssign(OC, St);
     return;

@@ -65,6 +65,8 @@ enum class GradKind : std::uint8_t {
   LeafView,     // a view of such a leaf
   NonLeaf,      // made by a differentiable op from a requires-grad input (has a grad_fn)
   RequiresGrad, // requires grad, leaf or not (the paths disagree, or `to()` of a leaf)
+  Undefined,    // a default-constructed handle (`torch::Tensor mask;`): no tensor yet, every
+                // op on it throws, so a join takes the other path's fact
 };
 
 enum class Tri : std::uint8_t { No, Yes, Unknown };
@@ -76,7 +78,7 @@ struct GradFact {
   const Stmt *Source = nullptr;
 
   Tri requiresGrad() const {
-    if (Kind == GradKind::Unknown)
+    if (Kind == GradKind::Unknown || Kind == GradKind::Undefined)
       return Tri::Unknown;
     return Kind == GradKind::NoGrad ? Tri::No : Tri::Yes;
   }

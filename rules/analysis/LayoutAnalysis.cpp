@@ -1056,27 +1056,55 @@ std::optional<Shape> LayoutAnalysis::Impl::inferShape(const ShapeArg &A, const T
 // Flow
 //===----------------------------------------------------------------------===//
 
-// Facts of the keys both paths have, joined; the others dropped.
-template <typename Key>
+// Facts of the keys both paths have, joined; the others dropped. Keep, when
+// given, names a variable's or field's fact after its sizes (keepRank).
+template <typename Key, typename KeepFn>
 static void joinFacts(llvm::DenseMap<Key, TensorFact> &Into,
-                      const llvm::DenseMap<Key, TensorFact> &From) {
+                      const llvm::DenseMap<Key, TensorFact> &From, KeepFn Keep) {
   llvm::SmallVector<Key, 8> Drop;
   for (auto &[K, F] : Into) {
     auto It = From.find(K);
-    if (It == From.end())
+    if (It == From.end()) {
       Drop.push_back(K);
-    else
-      F = layout::join(F, It->second);
+      continue;
+    }
+    TensorFact J = layout::join(F, It->second);
+    Keep(J, F, It->second, K);
+    F = std::move(J);
   }
   for (Key K : Drop)
     Into.erase(K);
 }
 
+// Note [rank across a join]
+// A variable holding contiguous tensors of one rank but other sizes on two
+// paths (`k = torch::cat({cache_k, k}, 2)` on one) keeps the rank: each dim
+// the paths disagree on becomes a run-time size of its own, named after the
+// variable (so the fixpoint is reached: the next join names it the same).
+// A size 1 on either path is not generalised (decoding one token).
+void LayoutAnalysis::Impl::keepRank(TensorFact &R, const TensorFact &A, const TensorFact &B,
+                                    const void *Key) {
+  if (R.Sizes || !A.Sizes || !B.Sizes || A.Sizes->size() != B.Sizes->size() ||
+      A.Contig != TensorFact::Yes || B.Contig != TensorFact::Yes)
+    return;
+  Shape Sz;
+  for (size_t I = 0; I < A.Sizes->size(); ++I) {
+    const Mono &X = (*A.Sizes)[I], &Y = (*B.Sizes)[I];
+    if (X.Top || Y.Top || (X != Y && (X.isConst(1) || Y.isConst(1))))
+      return;
+    Sz.push_back(X == Y ? X : ST.sym(Key, 2000 + (std::int64_t)I));
+  }
+  setContiguous(R, Sz);
+}
+
 bool LayoutAnalysis::Impl::join(State &Into, const State &From) {
   State Old = Into;
-  joinFacts(Into.T, From.T);
-  joinFacts(Into.M, From.M);
-  joinFacts(Into.L, From.L);
+  auto Keep = [this](TensorFact &R, const TensorFact &A, const TensorFact &B, const void *K) {
+    keepRank(R, A, B, K);
+  };
+  joinFacts(Into.T, From.T, Keep);
+  joinFacts(Into.M, From.M, Keep);
+  joinFacts(Into.L, From.L, [](TensorFact &, const TensorFact &, const TensorFact &, auto) {});
   llvm::SmallVector<const VarDecl *, 8> Drop;
   for (auto &[V, M] : Into.I) {
     auto It = From.I.find(V);
@@ -1105,6 +1133,15 @@ void LayoutAnalysis::Impl::prescan(const Stmt *St) {
           Untracked.insert(VD);
     return; // the body is analysed on its own
   }
+  if (const auto *RF = dyn_cast<CXXForRangeStmt>(St)) {
+    const auto *R = dyn_cast<DeclRefExpr>(RF->getRangeInit()->IgnoreParenImpCasts());
+    const auto *P = R ? dyn_cast<ParmVarDecl>(R->getDecl()) : nullptr;
+    const VarDecl *LV = RF->getLoopVariable();
+    if (P && Model.isTensorVectorType(P->getType().getNonReferenceType()) &&
+        Model.isTensorType(LV->getType().getNonReferenceType()) &&
+        (!LV->getType()->isReferenceType() || LV->getType().getNonReferenceType().isConstQualified()))
+      InputElements.insert(LV);
+  }
   if (const auto *DS = dyn_cast<DeclStmt>(St))
     for (const Decl *D : DS->decls())
       if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getType()->isReferenceType()) {
@@ -1130,6 +1167,10 @@ void LayoutAnalysis::Impl::transfer(const Stmt *St, State &S) {
   if (const auto *DS = dyn_cast<DeclStmt>(St)) {
     for (const Decl *D : DS->decls()) {
       const auto *VD = dyn_cast<VarDecl>(D);
+      if (VD && InputElements.count(VD)) {
+        S.T[VD] = assumedInput(VD, "'" + VD->getName().str() + "'", VD->getName());
+        continue;
+      }
       if (!VD || VD->getType()->isReferenceType())
         continue;
       forgetFields(S, VD); // declared anew (each iteration of a loop body)

@@ -83,6 +83,7 @@ public:
   using State = LayoutAnalysis::State;
   void transfer(const Stmt *St, State &S);
   bool join(State &Into, const State &From);
+  void keepRank(TensorFact &R, const TensorFact &A, const TensorFact &B, const void *Key);
   void widen(State &S) {
     S.T.clear();
     S.I.clear();
@@ -92,6 +93,9 @@ public:
   ASTContext &Ctx;
   SymTable ST;
   llvm::DenseSet<const VarDecl *> Untracked;
+  /// Loop variables over the elements of a vector of tensors the function
+  /// is given (`for (const auto &out : outs)`): inputs, as parameters are.
+  llvm::DenseSet<const VarDecl *> InputElements;
   const FunctionDecl *Fn = nullptr;
   bool Recording = false;
   llvm::DenseMap<const Expr *, TensorFact> Facts;
@@ -260,6 +264,7 @@ public:
   void libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call, const TensorFact &In,
                            TensorFact &F);
   TensorFact mixedLayout(const TensorFact &Self, const TensorFact &O);
+  static bool selfDecidesUnranked(const TensorFact &Self, const TensorFact &O);
   void onListDevice(const OpCall &C, TensorFact &F);
   void resultDType(const OpCall &C, TensorFact &R);
   void prescan(const Stmt *St);

@@ -1251,8 +1251,9 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
       continue;
     TensorFact O = evalTensor(A, C.S);
     combineDevice(R, C.Self, O);
-    if (!Mixed && !(O.Sizes && C.Self.Sizes && *O.Sizes == *C.Self.Sizes &&
-                     *O.Strides == *C.Self.Strides))
+    bool Same = O.Sizes && C.Self.Sizes && *O.Sizes == *C.Self.Sizes &&
+                *O.Strides == *C.Self.Strides;
+    if (!Mixed && !Same && !selfDecidesUnranked(C.Self, O))
       Mixed = mixedLayout(C.Self, O);
   }
   if (!Mixed)
@@ -1285,6 +1286,15 @@ TensorFact LayoutAnalysis::Impl::mixedLayout(const TensorFact &Self, const Tenso
     U.AssumedSource = Self.AssumedSource;
   }
   return U;
+}
+
+// Self of unknown rank, taken as contiguous with no size-1 dim, decides the
+// result's layout (whatever the other's layout) when the other operand has no
+// more dims: a 0-d tensor (`e - e.max()`), a vector (a bias), or one of
+// unknown rank taken to broadcast into self.
+bool LayoutAnalysis::Impl::selfDecidesUnranked(const TensorFact &Self, const TensorFact &O) {
+  return !Self.Sizes && Self.Contig == TensorFact::Yes && Self.SwapA < 0 && !Self.UnitDims &&
+         !Self.MinChunks && (!O.Sizes || O.Sizes->size() <= 1);
 }
 
 // The number a Scalar argument was built from (`Scalar(0.5)`,

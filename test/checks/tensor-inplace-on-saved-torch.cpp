@@ -442,3 +442,43 @@ Tensor removeDc(torch::nn::Linear &proj, const Tensor &x) {
   v.sub_(v.mean());
   return w.pow(2).sum() + v.pow(2).sum();
 }
+
+// `std::tie(flow, mask) = block->forward(x)` binds a module's results as a
+// structured binding does; an undefined handle (`torch::Tensor mask;`) joins
+// as nothing, so the loop that refines it keeps its grad.
+struct FlowBlockImpl : torch::nn::Module {
+  FlowBlockImpl() { conv = register_module("conv", torch::nn::Conv2d(4, 5, 3)); }
+  std::pair<Tensor, Tensor> forward(const Tensor &x) {
+    auto y = conv(x);
+    return {y.narrow(1, 0, 4), y.narrow(1, 4, 1)};
+  }
+  torch::nn::Conv2d conv{nullptr};
+};
+TORCH_MODULE(FlowBlock);
+Tensor refineMask(std::vector<FlowBlock> &blocks, const Tensor &x) {
+  Tensor flow, mask;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (!flow.defined()) {
+      std::tie(flow, mask) = blocks[i]->forward(x);
+    } else {
+      auto res = blocks[i]->forward(x + flow);
+      flow = flow + res.first;
+      mask = mask + res.second;
+    }
+  }
+  auto m = torch::sigmoid(mask);
+  m.clamp_(0.01, 0.99);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'clamp_' on 'm', which 'sigmoid' saved for backward (its result)
+  return m * flow;
+}
+// A tensor library function given a list of tensors (`einsum`) computes from
+// them: its result requires grad when one of them does.
+Tensor bandScores(torch::nn::Linear &key, const Tensor &x, const Tensor &pad) {
+  auto k = key(x);
+  auto probs = torch::softmax(torch::einsum("btd,bsd->bts", {k, k}), -1);
+  probs.masked_fill_(pad, 0.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'masked_fill_' on 'probs', which 'softmax' saved for backward (its result)
+  auto fixed = torch::softmax(torch::einsum("btd,bsd->bts", {x, x}), -1);
+  fixed.masked_fill_(pad, 0.0); // nothing requires grad
+  return probs + fixed;
+}

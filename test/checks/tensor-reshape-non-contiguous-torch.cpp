@@ -254,3 +254,23 @@ torch::Tensor positions(const torch::Tensor &pad, int64_t b, int64_t n) {
   auto pos = torch::arange(0, n, pad.options()).unsqueeze(0).expand({b, n});
   return pos.clamp_min(0).flatten() + (pos - pad.unsqueeze(1)).flatten();
 }
+
+// The elements of a vector of tensors the function is given are inputs, as
+// parameters are: contiguous by default.
+std::vector<torch::Tensor> levelRows(const std::vector<torch::Tensor> &outs) {
+  std::vector<torch::Tensor> rows;
+  for (const auto &out : outs)
+    rows.push_back(out.detach().permute({0, 2, 3, 1}).reshape({-1, out.size(1)}));
+  // CHECK-MESSAGES: :[[@LINE-1]]:55: warning: 'reshape' silently copies the non-contiguous result of 'permute'
+  for (const auto &out : outs)
+    rows.push_back(out.flatten(1)); // contiguous: a view
+  return rows;
+}
+// A local vector's elements are whatever it was given (chunks along dim 1).
+torch::Tensor localChunks(const torch::Tensor &x) {
+  std::vector<torch::Tensor> parts = x.chunk(2, 1);
+  torch::Tensor total;
+  for (const auto &p : parts)
+    total = p.permute({0, 2, 3, 1}).reshape({-1, p.size(1)});
+  return total;
+}

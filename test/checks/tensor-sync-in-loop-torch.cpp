@@ -385,3 +385,34 @@ double slidingWindow(torch::nn::Linear &net, const torch::Tensor &image, int64_t
   }
   return spread;
 }
+
+// `pos = pos.to(device)`: the uses after the move see the device value, the
+// uses before it the host one (Note [reaching assignment]).
+double reassignedBatch(torch::nn::Linear fc, const torch::Tensor &triples, int64_t n) {
+  torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  fc->to(device);
+  double running = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    auto pos = triples.index_select(0, torch::arange(4));
+    running += pos.sum().item<double>(); // still the host batch
+    pos = pos.to(device);
+    running += fc(pos).sum().item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'item' of 'fc(pos).sum()' (on CUDA whenever cuda::is_available())
+  }
+  return running;
+}
+// An assignment in a branch beside the use, or later in the loop, may reach it.
+double branchMove(const torch::Tensor &x, bool gpu, int64_t n) {
+  double running = 0;
+  auto h = x.index_select(0, torch::arange(4));
+  for (int64_t i = 0; i < n; ++i) {
+    running += h.sum().item<double>(); // the first iteration reads the host value
+    h = h.cuda();
+  }
+  auto g = x.index_select(0, torch::arange(4));
+  if (gpu)
+    g = g.cuda();
+  for (int64_t i = 0; i < n; ++i)
+    running += g.sum().item<double>();
+  return running;
+}

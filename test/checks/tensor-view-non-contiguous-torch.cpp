@@ -288,3 +288,42 @@ torch::Tensor peakPerClip(const torch::Tensor &power, const torch::Tensor &filte
   return std::get<0>(logSpec.view({B, -1}).max(1));
   // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'view' on the non-contiguous result of 'transpose'
 }
+
+// An input of unknown rank, taken as contiguous, decides the layout of an
+// elementwise op with a 0-d tensor, a vector or another unranked operand: the
+// result keeps its dims, which t() swaps.
+torch::Tensor attentionRows(const torch::Tensor &e, const torch::Tensor &bias) {
+  auto alpha = (e - e.max().detach()).exp() + bias;
+  return alpha.detach().t().view({-1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:29: warning: 'view' on the non-contiguous result of 't'
+}
+// The other way round: a vector first takes the unranked operand's dims, so
+// nothing is known of the result's layout.
+torch::Tensor biasFirst(const torch::Tensor &e, const torch::Tensor &bias) {
+  auto b = bias.view({-1});
+  return (b + e).t().view({-1});
+}
+// A size-1 dim of the unranked operand (unsqueeze) leaves the layout open.
+torch::Tensor unitDim(const torch::Tensor &e, const torch::Tensor &s) {
+  return (e.unsqueeze(0) * s).transpose(0, 1).view({-1});
+}
+
+// Note [rank across a join]: a KV cache concatenated on one path keeps the
+// rank of the keys; the concatenated dim becomes a size of its own.
+torch::Tensor cachedKeys(const torch::Tensor &x, const torch::Tensor &cache_k, bool use_cache,
+                         int64_t B, int64_t T, int64_t H, int64_t D) {
+  auto k = x.view({B, T, H, D}).transpose(1, 2).contiguous();
+  if (use_cache)
+    k = torch::cat({cache_k, k}, 2);
+  auto heads = k.view({B, H, -1}); // contiguous on both paths: a view
+  return k.transpose(1, 2).view({B, -1, H * D}) + heads.sum();
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: error: 'view' on the non-contiguous result of 'transpose'
+}
+// A size 1 on one path is not generalised: decoding one token.
+torch::Tensor oneToken(const torch::Tensor &x, const torch::Tensor &cache_k, bool use_cache,
+                       int64_t B, int64_t H, int64_t D) {
+  auto k = x.view({B, 1, H, D}).transpose(1, 2).contiguous();
+  if (use_cache)
+    k = torch::cat({cache_k, k}, 2);
+  return k.transpose(1, 2).view({B, -1, H * D});
+}
