@@ -216,7 +216,8 @@ bool DeviceFacts::assignsWithin(const VarDecl *V, const Stmt *S, const Stmt *Exc
 const Expr *DeviceFacts::valueGivenBy(const Stmt *St, const VarDecl *V, bool &Found) const {
   Found = true;
   if (const auto *DS = dyn_cast<DeclStmt>(St); DS && llvm::is_contained(DS->decls(), V)) {
-    const auto *Ctor = dyn_cast_or_null<CXXConstructExpr>(V->getInit() ? V->getInit()->IgnoreImplicit() : nullptr);
+    const Expr *Init = V->getInit() ? V->getInit()->IgnoreImplicit() : nullptr;
+    const auto *Ctor = dyn_cast_or_null<CXXConstructExpr>(Init);
     return Ctor && !Ctor->getNumArgs() ? nullptr : V->getInit();
   }
   if (!assignsWithin(V, St)) {

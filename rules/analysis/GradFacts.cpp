@@ -252,6 +252,18 @@ struct GradFacts::Impl {
     for (const BindingDecl *B : DD->bindings())
       St[B] = All || B == DD->bindings().front() ? F : GradFact{};
   }
+  // `grid += flow`, `acc.add_(x)` with grad mode on: an in-place op with an
+  // operand that requires grad is recorded on its target, which then does.
+  void writtenFrom(const Expr *Target, const CallExpr *Call, State &St) const {
+    const auto *DRE = dyn_cast_or_null<DeclRefExpr>(stripHandle(Target));
+    if (!DRE || !G.gradEnabledAt(Call) || eval(DRE, St).requiresGrad() == Tri::Yes)
+      return;
+    for (const Expr *A : Call->arguments())
+      if (A != Target && Model.isTensorExpr(A) && eval(A, St).requiresGrad() == Tri::Yes) {
+        St[DRE->getDecl()] = {GradKind::NonLeaf, Call};
+        return;
+      }
+  }
   // `std::tie(flow, mask) = block->forward(x)`: as `auto [flow, mask] = ...`.
   static const CallExpr *tieCall(const Expr *E) {
     const auto *C = dyn_cast<CallExpr>(E->IgnoreParenImpCasts());
@@ -359,20 +371,21 @@ GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) c
 GradFact GradFacts::Impl::evalCalleeResult(const CallExpr *Call, const State &St) const {
   const FunctionDecl *FD = Call->getDirectCallee();
   bool Bundle = !Model.isTensorExpr(Call) && Model.isTensorStruct(Call->getType());
-  // A method's arguments line up with its parameters in a member call, not
-  // in an operator call (the object is argument 0).
-  bool Aligned = !FD || !isa<CXXMethodDecl>(FD) || !isa<CXXOperatorCallExpr>(Call);
-  if (!G.Callees || !FD || !Aligned || (!Model.isTensorExpr(Call) && !Bundle) ||
+  // A method's operator call (a lambda's, a functor's) passes the object
+  // as argument 0.
+  unsigned Shift = isa<CXXOperatorCallExpr>(Call) && isa_and_nonnull<CXXMethodDecl>(FD) ? 1 : 0;
+  if (!G.Callees || !FD || (!Model.isTensorExpr(Call) && !Bundle) ||
       !G.gradEnabledAt(Call) || !readableCallee(FD))
     return {};
   // `auto losses = fcos_loss(outs, ...)`: a struct of losses its body makes
   // from a module's output, whatever the arguments are.
   if (Bundle && G.Callees(FD, NoParam) == Tri::Yes)
     return {GradKind::NonLeaf, Call};
-  for (unsigned I = 0; I < Call->getNumArgs() && I < FD->getNumParams(); ++I) {
-    const Expr *In = passedTensor(Call->getArg(I), Model);
-    if (!In && Model.isTensorStruct(Call->getArg(I)->getType())) // a module's result struct
-      In = Call->getArg(I);
+  for (unsigned I = 0; I + Shift < Call->getNumArgs() && I < FD->getNumParams(); ++I) {
+    const Expr *Arg = Call->getArg(I + Shift);
+    const Expr *In = passedTensor(Arg, Model);
+    if (!In && Model.isTensorStruct(Arg->getType())) // a module's result struct
+      In = Arg;
     if (In && eval(In, St).requiresGrad() == Tri::Yes && G.Callees(FD, I) == Tri::Yes)
       return {GradKind::NonLeaf, Call};
   }
@@ -561,6 +574,8 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
     const sem::OpInfo *Op = sem::lookup(operatorOpName(OC));
     if (Op && Op->autograd == sem::Autograd::NotDifferentiable)
       return {GradKind::NoGrad, nullptr};
+    if (OC->getOperator() == OO_Call) // a lambda or functor: what its body makes
+      return evalCalleeResult(Call, St);
     return combineInputs(Call, St); // tensor arithmetic: `a * b`, `-a`
   }
   if (GradFact F = evalCalleeResult(Call, St); F.Kind != GradKind::Unknown)
@@ -646,6 +661,8 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
   }
   const auto *Call = dyn_cast<CallExpr>(S);
   if (const auto *OC = dyn_cast_or_null<CXXOperatorCallExpr>(Call)) {
+    if (isCompoundAssign(OC->getOperator()) && OC->getNumArgs() == 2)
+      writtenFrom(OC->getArg(0), OC, St);
     if (OC->getOperator() != OO_Equal || OC->getNumArgs() != 2)
       return;
     if (const auto *DRE = dyn_cast<DeclRefExpr>(OC->getArg(0)->IgnoreParenImpCasts()))
@@ -663,6 +680,8 @@ void GradFacts::Impl::transfer(const Stmt *S, State &St) {
                         : nullptr;
   if (!DRE)
     return;
+  if (const sem::OpInfo *Op = Model.opOf(MC); Op && Op->storage == sem::Storage::InPlace)
+    writtenFrom(DRE, MC, St);
   // `w.requires_grad_()` changes w itself.
   if (M->getName() == "requires_grad_" || M->getName() == "set_requires_grad")
     St[DRE->getDecl()] = evalRequiresGradCall(MC, St);

@@ -1139,7 +1139,8 @@ void LayoutAnalysis::Impl::prescan(const Stmt *St) {
     const VarDecl *LV = RF->getLoopVariable();
     if (P && Model.isTensorVectorType(P->getType().getNonReferenceType()) &&
         Model.isTensorType(LV->getType().getNonReferenceType()) &&
-        (!LV->getType()->isReferenceType() || LV->getType().getNonReferenceType().isConstQualified()))
+        (!LV->getType()->isReferenceType() ||
+         LV->getType().getNonReferenceType().isConstQualified()))
       InputElements.insert(LV);
   }
   if (const auto *DS = dyn_cast<DeclStmt>(St))

@@ -287,6 +287,10 @@ bool LoopAnalysis::rootsForeign(const Expr *E) const {
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
       OC && Model.isTensorExpr(E) && isComputingOperator(OC))
     return false;
+  // `centers(g)[0]`: a view of its object.
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+      OC && OC->getOperator() == OO_Subscript && Model.isTensorExpr(OC->getArg(0)))
+    return rootsForeign(OC->getArg(0));
   if (const sem::OpInfo *Op = tensorOp(Model, C)) {
     if (!aliasing(Op))
       return false;

@@ -490,3 +490,39 @@ double predictAll(Net &net, const Normalizer &norm, const std::vector<torch::Ten
   }
   return torch::cat(preds).mean().item<double>();
 }
+
+// A lambda's result is what its body makes: forces from autograd::grad
+// without create_graph hold no graph, though the positions require grad.
+double rollout(Net &net, const torch::Tensor &x0, int64_t steps) {
+  auto pos = x0.detach().clone().requires_grad_(true);
+  auto vel = torch::zeros_like(x0);
+  auto forces_at = [&](const torch::Tensor &p) {
+    auto e = net->forward(p).sum();
+    auto g = torch::autograd::grad({e}, {p})[0];
+    return std::make_pair(e.detach(), g.neg());
+  };
+  auto state = forces_at(pos);
+  for (int64_t i = 0; i < steps; ++i) {
+    vel += 0.01 * state.second;
+    state = forces_at(pos);
+  }
+  return vel.sum().item<double>();
+}
+// A functor writing its argument in place into a buffer (`grid += flow`)
+// returns a value that requires grad.
+struct Shift {
+  torch::Tensor base;
+  torch::Tensor operator()(const torch::Tensor &img, const torch::Tensor &flow) {
+    auto grid = base.expand_as(flow).clone();
+    grid += flow;
+    return img * grid;
+  }
+};
+double shifted(Net &net, Shift &shift, const std::vector<torch::Tensor> &xs) {
+  auto acc = torch::zeros({});
+  for (const auto &x : xs) {
+    acc += shift(x, net->forward(x)).sum();
+    // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: 'shift(x, net->forward(x)).sum()' requires grad and is accumulated into 'acc'
+  }
+  return acc.item<double>();
+}
