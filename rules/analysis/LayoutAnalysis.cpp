@@ -641,7 +641,8 @@ std::optional<Shape> LayoutAnalysis::Impl::joinedShape(const OpCall &C) {
     if (!O.Sizes || llvm::any_of(*O.Sizes, [](const Mono &M) { return M.isConst(0); }))
       continue;
     Shape Sz = *O.Sizes;
-    auto D = normDim(C.Args.size() > 1 ? argInt(C, 1) : 0, Sz.size() + Stack);
+    // C.arg(1) is null for the default argument (dim 0).
+    auto D = normDim(C.arg(1) ? argInt(C, 1) : 0, Sz.size() + Stack);
     if (!D)
       return std::nullopt;
     if (Stack)

@@ -327,3 +327,12 @@ torch::Tensor oneToken(const torch::Tensor &x, const torch::Tensor &cache_k, boo
     k = torch::cat({cache_k, k}, 2);
   return k.transpose(1, 2).view({B, -1, H * D});
 }
+
+// torch::stack of a braced list without a dim stacks along dim 0 (the default
+// argument): the elements' rank plus one.
+torch::Tensor stackedPairs(const torch::Tensor &x, const torch::Tensor &y, int64_t B, int64_t D) {
+  auto s = torch::stack({x.view({B, D}), y.view({B, D})});
+  auto rows = s.view({2 * B, D}); // contiguous: a view
+  return s.transpose(0, 1).view({B, 2 * D}) + rows.sum();
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: error: 'view' on the non-contiguous result of 'transpose'
+}
