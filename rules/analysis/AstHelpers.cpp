@@ -358,6 +358,11 @@ void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Ou
 
 bool isLoop(const Stmt *S) { return isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(S); }
 
+bool isDefaultConstructed(const Expr *E) {
+  const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E ? E->IgnoreImplicit() : nullptr);
+  return CE && !CE->getNumArgs();
+}
+
 const Stmt *loopBody(const Stmt *Loop) {
   if (const auto *F = dyn_cast<ForStmt>(Loop))
     return F->getBody();

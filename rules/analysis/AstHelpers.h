@@ -150,6 +150,10 @@ void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const ReturnStmt *> &Ou
 /// A for, range-for, while or do loop.
 bool isLoop(const Stmt *S);
 
+/// A default-constructed value (`torch::Tensor mask;`, `torch::Tensor()`):
+/// for a tensor, an undefined handle.
+bool isDefaultConstructed(const Expr *E);
+
 /// The body of a for, range-for, while or do loop.
 const Stmt *loopBody(const Stmt *Loop);
 

@@ -172,8 +172,7 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
   // `torch::Tensor loss;` is undefined, with no device, until assigned: its
   // assigned values alone decide.
   auto It = Assigned.find(V);
-  const auto *Ctor = dyn_cast<CXXConstructExpr>(V->getInit()->IgnoreImplicit());
-  bool Undefined = !IsDevice && Ctor && Ctor->getNumArgs() == 0 &&
+  bool Undefined = !IsDevice && isDefaultConstructed(V->getInit()) &&
                    Model.isTensorType(V->getType()) && It != Assigned.end() && !It->second.empty();
   DeviceKnown D = Of(Undefined ? It->second.front() : V->getInit());
   if (onCUDA(D))
@@ -216,9 +215,7 @@ bool DeviceFacts::assignsWithin(const VarDecl *V, const Stmt *S, const Stmt *Exc
 const Expr *DeviceFacts::valueGivenBy(const Stmt *St, const VarDecl *V, bool &Found) const {
   Found = true;
   if (const auto *DS = dyn_cast<DeclStmt>(St); DS && llvm::is_contained(DS->decls(), V)) {
-    const Expr *Init = V->getInit() ? V->getInit()->IgnoreImplicit() : nullptr;
-    const auto *Ctor = dyn_cast_or_null<CXXConstructExpr>(Init);
-    return Ctor && !Ctor->getNumArgs() ? nullptr : V->getInit();
+    return isDefaultConstructed(V->getInit()) ? nullptr : V->getInit();
   }
   if (!assignsWithin(V, St)) {
     Found = false;
@@ -251,7 +248,7 @@ const Expr *DeviceFacts::reachingValue(const DeclRefExpr *Use, const VarDecl *V)
         if (Found)
           return R;
       }
-    } else if (isa<ForStmt, WhileStmt, DoStmt, CXXForRangeStmt>(P) && assignsWithin(V, P)) {
+    } else if (isLoop(P) && assignsWithin(V, P)) {
       return nullptr; // the back edge may bring another value
     } else if (assignsWithin(V, P, Child)) {
       return nullptr; // `if (c) x = ...;` beside the use's branch, or within the expression

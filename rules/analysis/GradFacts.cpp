@@ -245,10 +245,13 @@ struct GradFacts::Impl {
   bool tracked(const Expr *E) const;
   // `auto [a, b] = f(x)`: a module's results all follow it; of an op's
   // results only the first does (the others may be indices).
+  bool allResultsFollow(const Expr *Init) const {
+    const auto *Call = dyn_cast<CallExpr>(stripHandle(Init));
+    return Call && !Model.opOf(Call);
+  }
   void bindDecomposition(const DecompositionDecl *DD, State &St) const {
     GradFact F = St.lookup(DD);
-    const auto *Call = dyn_cast<CallExpr>(stripHandle(DD->getInit()));
-    bool All = Call && !Model.opOf(Call);
+    bool All = allResultsFollow(DD->getInit());
     for (const BindingDecl *B : DD->bindings())
       St[B] = All || B == DD->bindings().front() ? F : GradFact{};
   }
@@ -273,8 +276,7 @@ struct GradFacts::Impl {
   }
   void bindTie(const CallExpr *Tie, const Expr *Value, State &St) const {
     GradFact F = eval(Value, St);
-    const auto *Call = dyn_cast<CallExpr>(stripHandle(Value));
-    bool All = Call && !Model.opOf(Call);
+    bool All = allResultsFollow(Value);
     for (unsigned I = 0; I < Tie->getNumArgs(); ++I)
       if (const auto *DRE = dyn_cast<DeclRefExpr>(Tie->getArg(I)->IgnoreParenImpCasts()))
         St[DRE->getDecl()] = All || I == 0 ? F : GradFact{};
@@ -634,8 +636,7 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
     GradFact T = eval(CO->getTrueExpr(), St), F = eval(CO->getFalseExpr(), St);
     return {joinKind(T.Kind, F.Kind), T.Source ? T.Source : F.Source};
   }
-  if (const auto *CE = dyn_cast<CXXConstructExpr>(E); CE && !CE->getNumArgs() &&
-                                                      Model.isTensorExpr(CE))
+  if (isDefaultConstructed(E) && Model.isTensorExpr(E))
     return {GradKind::Undefined, nullptr}; // `torch::Tensor mask;`
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) // TensorOptions(...) and friends
     for (const Expr *A : CE->arguments())
