@@ -285,14 +285,24 @@ def dtype_probes(torch, F):
         "mean": lambda x: x.mean(), "mean_dim": lambda x: x.mean(1), "rsqrt": lambda x: x.rsqrt(), "sigmoid": lambda x: x.sigmoid(),
         "silu": lambda x: F.silu(x), "softmax": lambda x: x.softmax(1), "sqrt": lambda x: x.sqrt(),
         "tanh": lambda x: x.tanh(),
+        "gather": lambda x: x.gather(1, torch.zeros(4, 2, dtype=torch.long)),
+        "index_select": lambda x: x.index_select(1, torch.tensor([0, 2])),
+        "masked_fill": lambda x: x.masked_fill(x > 1, torch.tensor(2.5)),
+        "masked_select": lambda x: x.masked_select(x > 1),
     }
 
 
 def dtype_disagreement(torch, rule, f):
     """Bool / Long: that dtype from a float64 input; Floating: float64 from
-    float64, and float32 from int64 where the op takes integers."""
+    float64, and float32 from int64 where the op takes integers; Own: float64
+    and int64 from those, whatever the index, mask or fill operands."""
     x = torch.randint(0, 4, (4, 5))
     got = f(x.double()).dtype
+    if rule == "Own":
+        from_int = f(x).dtype
+        if (got, from_int) == (torch.float64, torch.long):
+            return None
+        return "gives %s from float64 and %s from int64" % (got, from_int)
     if rule in ("Bool", "Long"):
         want = torch.bool if rule == "Bool" else torch.long
         return None if got == want else "gives %s" % got

@@ -261,6 +261,8 @@ bool isTensorLibraryCode(const Decl *D) {
   return isInNamespace(D, {"std", "tt", "at", "c10", "torch"});
 }
 
+bool isStandardLibrary(const Decl *D) { return isInNamespace(D, {"std", "__gnu_cxx"}); }
+
 bool isTensorApi(const FunctionDecl *FD) { return isInNamespace(FD, {"tt", "at", "torch"}); }
 
 bool isOptionsSetter(const FunctionDecl *FD) {

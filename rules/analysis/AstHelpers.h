@@ -86,6 +86,9 @@ bool isInNamespace(const Decl *D, llvm::ArrayRef<llvm::StringRef> Names);
 /// Code of the tensor libraries themselves (namespaces tt, at, c10, torch, std):
 /// their bodies implement the ops the table describes; never analysed.
 bool isTensorLibraryCode(const Decl *D);
+/// D is the C++ standard library's: `std`, or libstdc++'s `__gnu_cxx` (the
+/// iterators of `std::vector`, which a range-for over one calls).
+bool isStandardLibrary(const Decl *D);
 
 /// The one body a direct call to FD runs, when the TU has it: FD's
 /// definition, outside the tensor libraries, and not a virtual method an

@@ -113,19 +113,10 @@ StringRef calleeName(const CallExpr *C) {
   return F && F->getIdentifier() ? F->getName() : "";
 }
 
-// The local vector of tensors E names, or null.
-const VarDecl *localTensorVector(const Expr *E, const TensorModel &Model) {
-  const VarDecl *V = E ? varOf(E->IgnoreParenImpCasts()) : nullptr;
-  return V && V->isLocalVarDecl() && !V->getType()->isReferenceType() &&
-                 Model.isTensorVectorType(V->getType())
-             ? V
-             : nullptr;
-}
-
 } // namespace
 
 DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const FunctionDecl *FD)
-    : Model(Model), Ctx(Ctx) {
+    : Model(Model), Ctx(Ctx), Vectors(Model, FD ? FD->getBody() : nullptr) {
   llvm::SmallVector<const Stmt *, 64> Work{FD ? FD->getBody() : nullptr};
   while (!Work.empty()) {
     const Stmt *S = Work.pop_back_val();
@@ -141,7 +132,6 @@ DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const Functi
           FieldAssigned[{V, F}].push_back(R);
     if (const auto *CS = dyn_cast<CompoundStmt>(S))
       noteOverwrittenFields(CS);
-    noteVectorUse(S);
     for (const Stmt *C : S->children())
       Work.push_back(C);
   }
@@ -342,10 +332,7 @@ DeviceKnown DeviceFacts::ofListArgument(const Expr *A, unsigned Depth) {
   llvm::SmallVector<const Expr *, 4> Es;
   Model.tensorOperands(A, Es);
   if (Es.empty()) { // a vector converted to the list type
-    const Expr *Inner = A->IgnoreImplicit();
-    if (const auto *CE = dyn_cast<CXXConstructExpr>(Inner); CE && CE->getNumArgs() >= 1)
-      Inner = CE->getArg(0)->IgnoreImplicit();
-    const VarDecl *V = localTensorVector(Inner, Model);
+    const VarDecl *V = Vectors.listArgument(A);
     return V ? ofTensorVector(V, Depth) : DeviceKnown::Unknown;
   }
   DeviceKnown Best = DeviceKnown::Unknown;
@@ -477,63 +464,14 @@ bool DeviceFacts::bodyMovesToHost(const FunctionDecl *Def) {
   return It->second;
 }
 
-// `v.push_back(t)` records t; a method that may change the elements otherwise,
-// or v passed by non-const reference, taints v.
-void DeviceFacts::noteVectorUse(const Stmt *S) {
-  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S)) {
-    const VarDecl *V = localTensorVector(MC->getImplicitObjectArgument(), Model);
-    const CXXMethodDecl *M = MC->getMethodDecl();
-    if (!V || !M || !M->getIdentifier())
-      return;
-    StringRef N = M->getName();
-    if ((N == "push_back" || N == "emplace_back") && MC->getNumArgs() == 1)
-      Pushed[V].push_back(MC->getArg(0));
-    else if (!M->isConst() && !llvm::is_contained({"reserve", "clear", "at", "back", "front",
-                                                   "begin", "end", "size", "empty"}, N))
-      VectorTainted.insert(V);
-    return;
-  }
-  const auto *C = dyn_cast<CallExpr>(S);
-  const FunctionDecl *F = C ? C->getDirectCallee() : nullptr;
-  for (unsigned I = 0; F && I < C->getNumArgs() && I < F->getNumParams(); ++I) {
-    QualType P = F->getParamDecl(I)->getType();
-    if (const VarDecl *V = localTensorVector(C->getArg(I), Model);
-        V && P->isLValueReferenceType() && !P.getNonReferenceType().isConstQualified())
-      VectorTainted.insert(V);
-  }
-}
-
-// The tensors a vector's initialiser gives it: a braced list's elements,
-// nothing for an empty vector, else the initialiser itself (`x.chunk(2)`).
-static void vectorInitValues(const Expr *Init, llvm::SmallVectorImpl<const Expr *> &Out) {
-  const Expr *E = Init ? Init->IgnoreImplicit() : nullptr;
-  const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E);
-  if (CE && (CE->getNumArgs() == 0 || isa<CXXDefaultArgExpr>(CE->getArg(0))))
-    return; // std::vector<Tensor> v;
-  if (CE && !CE->isElidable() && !CE->getConstructor()->isCopyOrMoveConstructor()) {
-    const auto *SIL = dyn_cast<CXXStdInitializerListExpr>(CE->getArg(0)->IgnoreImplicit());
-    const auto *IL = SIL ? dyn_cast<InitListExpr>(SIL->getSubExpr()->IgnoreImplicit()) : nullptr;
-    if (IL)
-      Out.append(IL->inits().begin(), IL->inits().end());
-    else
-      Out.push_back(E); // `v(n, t)`, a range: not followed (unknown)
-    return;
-  }
-  if (E)
-    Out.push_back(E);
-}
-
 DeviceKnown DeviceFacts::ofTensorVector(const VarDecl *V, unsigned Depth) {
-  if (VectorTainted.count(V) || Assigned.count(V))
+  llvm::SmallVector<const Expr *, 8> Values;
+  if (!Vectors.valuesOf(V, Values) || Assigned.count(V))
     return DeviceKnown::Unknown;
   if (!VectorInProgress.insert(V).second) { // filled from itself: not V's own answer
     Cut.Hard = true;
     return DeviceKnown::Unknown;
   }
-  llvm::SmallVector<const Expr *, 8> Values;
-  vectorInitValues(V->getInit(), Values);
-  if (auto It = Pushed.find(V); It != Pushed.end())
-    Values.append(It->second.begin(), It->second.end());
   std::optional<DeviceKnown> D;
   for (const Expr *E : Values)
     D = D ? meet(*D, deviceOf(E, Depth + 1)) : deviceOf(E, Depth + 1);

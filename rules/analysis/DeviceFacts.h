@@ -9,6 +9,7 @@
 #pragma once
 
 #include "analysis/TensorModel.h"
+#include "analysis/VectorElements.h"
 
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/Decl.h"
@@ -67,7 +68,6 @@ private:
   /// A list argument (`torch::cat({a, b})`, `torch::stack(v)`): CUDA when an
   /// element is (a list's tensors share a device).
   DeviceKnown ofListArgument(const Expr *A, unsigned Depth);
-  void noteVectorUse(const Stmt *S);
   DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
   /// Def's body moves a tensor to the host (`cpu()`, `kCPU`); memoised.
@@ -80,10 +80,9 @@ private:
   /// Every value assigned to a field of a local variable (`batch.x = ...`).
   llvm::DenseMap<std::pair<const VarDecl *, const FieldDecl *>, llvm::SmallVector<const Expr *, 2>>
       FieldAssigned;
-  /// The tensors each local vector of tensors is given (braced elements,
-  /// push_back / emplace_back), and the vectors changed otherwise.
-  llvm::DenseMap<const VarDecl *, llvm::SmallVector<const Expr *, 4>> Pushed;
-  llvm::DenseSet<const VarDecl *> VectorTainted, VectorInProgress;
+  /// The tensors each local vector of tensors is given, and the vectors in progress.
+  VectorElements Vectors;
+  llvm::DenseSet<const VarDecl *> VectorInProgress;
   /// The fields whose initial value no one reads (noteOverwrittenFields).
   llvm::DenseSet<std::pair<const VarDecl *, const FieldDecl *>> DeadInitField;
   /// ofVar's answers (a variable, as a device or a tensor), the ones in

@@ -7,6 +7,7 @@
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/ExprCXX.h"
 #include "clang/Analysis/CFG.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringSwitch.h"
 
 namespace clang::tidy::tensor {
@@ -238,6 +239,8 @@ struct GradFacts::Impl {
   GradFact evalMemberCall(const CXXMemberCallExpr *Call, const State &St) const;
   GradFact evalOp(const CallExpr *Call, const sem::OpInfo &Op, const State &St) const;
   GradFact combineInputs(const CallExpr *Call, const State &St) const;
+  // The vectors whose values combineInputs is evaluating (`v.push_back(cat(v))`).
+  mutable llvm::DenseSet<const VarDecl *> ListsInProgress;
   GradFact evalCalleeResult(const CallExpr *Call, const State &St) const;
   Tri bundleRequiresGrad(const Expr *V, const State &St) const;
   void recordReturn(const ReturnStmt *RS, const State &St);
@@ -348,11 +351,22 @@ GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) c
   llvm::SmallVector<const Expr *, 4> Ins;
   if (const Expr *Self = TensorModel::selfOf(Call))
     Ins.push_back(Self);
+  llvm::SmallVector<const VarDecl *, 1> Lists; // `torch::cat(outs)`: what outs is given
   for (const Expr *A : Call->arguments()) {
     Ins.push_back(A);
-    if (!Model.isTensorExpr(A)) // `torch::cat({a, b})`
-      Ins.append(bracedElements(A));
+    if (Model.isTensorExpr(A))
+      continue;
+    Ins.append(bracedElements(A)); // `torch::cat({a, b})`
+    if (const VarDecl *V = G.Vectors ? G.Vectors->listArgument(A) : nullptr;
+        V && !ListsInProgress.count(V) && G.Vectors->valuesOf(V, Ins)) {
+      ListsInProgress.insert(V);
+      Lists.push_back(V);
+    }
   }
+  auto Done = llvm::make_scope_exit([&] {
+    for (const VarDecl *V : Lists)
+      ListsInProgress.erase(V);
+  });
   bool Any = false;
   for (const Expr *Passed : Ins) {
     const Expr *In = passedTensor(Passed, Model);
@@ -621,8 +635,10 @@ GradFact GradFacts::Impl::eval(const Expr *E, const State &St) const {
         return {GradKind::NonLeaf, ME};
     // A tensor field of a module's result (the struct a `forward` returns)
     // follows it, as `auto [a, b] = net(x)` does; so does one of a struct
-    // parameter every call gives such a result (gradOfParams).
-    if (F && !ME->isArrow() && Model.isTensorType(F->getType())) {
+    // parameter every call gives such a result (gradOfParams). So do the
+    // elements of a vector field (`out.aux_masks[i]`: per-layer outputs).
+    if (F && !ME->isArrow() &&
+        (Model.isTensorType(F->getType()) || Model.isTensorVectorType(F->getType()))) {
       GradFact Base = eval(ME->getBase(), St);
       if (Base.Kind == GradKind::NonLeaf || Base.Kind == GradKind::NoGrad ||
           Base.Kind == GradKind::RequiresGrad)
@@ -710,6 +726,7 @@ void GradFacts::run(const FunctionDecl *FD, bool OffAtEntry, EntryFacts Entry) {
     return;
   GradOffAtEntry = OffAtEntry;
   collectUnderGuard(Body, false, NoGradStmts);
+  Vectors = std::make_unique<VectorElements>(Model, Body);
   CFG::BuildOptions Opts;
   Opts.AddImplicitDtors = false;
   Opts.AddTemporaryDtors = false;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "analysis/TensorModel.h"
+#include "analysis/VectorElements.h"
 
 #include "clang/AST/Decl.h"
 #include "clang/AST/Expr.h"
@@ -155,6 +156,7 @@ private:
   bool AnyReturn = false;
   std::unique_ptr<CFG> Cfg;
   llvm::DenseMap<const Stmt *, std::pair<const CFGBlock *, unsigned>> Positions;
+  std::unique_ptr<VectorElements> Vectors; // of the function run analyses
 };
 
 /// The tensor E passes: E itself, or the tensor a wrapper is built from

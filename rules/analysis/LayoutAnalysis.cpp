@@ -828,21 +828,28 @@ const CallExpr *LayoutAnalysis::Impl::structResultOf(const MemberExpr *ME) {
 }
 
 // Element 0 of a recurrent module's output, E (Note [batch_first RNN outputs]
-// in RnnModules.h): batch_first, on an input not known to be unbatched, a
-// [B, T, H] transposed from [T, B, H]; otherwise the result of a call. On
-// its input's device, as every module's output.
+// in RnnModules.h), on an input not known to be unbatched: with batch_first a
+// [B, T, H] transposed from [T, B, H], without it a fresh contiguous
+// [T, B, H] (an input of unknown rank taken as batched, as nearly all are);
+// otherwise the result of a call. On its input's device, as every module's
+// output.
 TensorFact LayoutAnalysis::Impl::rnnOutput(const Expr *E, const CallExpr *Rnn, State &S) {
   TensorFact F = assumedResult(E);
   const Expr *In = Model.tensorOperand(moduleInput(Rnn));
   TensorFact InF = In ? evalTensor(In, S) : unknownFact();
-  if (rnnBatchFirst(Rnn) == true && !(InF.Sizes && InF.Sizes->size() == 2)) {
+  std::optional<bool> BatchFirst = rnnBatchFirst(Rnn);
+  if (BatchFirst && !(InF.Sizes && InF.Sizes->size() == 2)) {
     // Batch and time are the input's (`x.unsqueeze(1)`: one step, which the
     // transpose leaves viewable); the features are the module's.
     auto InSize = [&](std::int64_t D) { return sizeAt(InF, D).value_or(ST.sym(Rnn, D + 1)); };
     Shape Sz = {InSize(0), InSize(1), ST.sym(Rnn, 3)};
-    setLayout(F, Sz, {Sz[2], ST.mul(Sz[0], Sz[2]), Mono::constant(1)});
     F.AssumedSource.clear(); // sizes > 1 only: the message names the module
     F.Src = F.Root = Rnn;
+    if (!*BatchFirst) {
+      setContiguous(F, Sz);
+      return onInputDevice(F, In, S);
+    }
+    setLayout(F, Sz, {Sz[2], ST.mul(Sz[0], Sz[2]), Mono::constant(1)});
     F.Origin = ("batch_first " + rnnKind(Rnn)).str();
     F.OriginLoc = Rnn->getExprLoc();
   }
@@ -1082,12 +1089,19 @@ static void joinFacts(llvm::DenseMap<Key, TensorFact> &Into,
 // paths (`k = torch::cat({cache_k, k}, 2)` on one) keeps the rank: each dim
 // the paths disagree on becomes a run-time size of its own, named after the
 // variable (so the fixpoint is reached: the next join names it the same).
-// A size 1 on either path is not generalised (decoding one token).
+// A size 1 on either path is not generalised (decoding one token). Where
+// the ranks differ or one is unknown, a contiguous value keeps an identity of
+// its own for its sizes, so a later permute or view names the rank afresh
+// (`audio = torch::randn({B, C, T})`, then `audio = conv(...)` in a loop).
 void LayoutAnalysis::Impl::keepRank(TensorFact &R, const TensorFact &A, const TensorFact &B,
                                     const void *Key) {
-  if (R.Sizes || !A.Sizes || !B.Sizes || A.Sizes->size() != B.Sizes->size() ||
-      A.Contig != TensorFact::Yes || B.Contig != TensorFact::Yes)
+  if (R.Sizes || A.Contig != TensorFact::Yes || B.Contig != TensorFact::Yes)
     return;
+  if (!A.Sizes || !B.Sizes || A.Sizes->size() != B.Sizes->size()) {
+    if (!R.Src && A.SwapA < 0 && B.SwapA < 0 && !A.UnitDims && !B.UnitDims)
+      R.Src = Key;
+    return;
+  }
   Shape Sz;
   for (size_t I = 0; I < A.Sizes->size(); ++I) {
     const Mono &X = (*A.Sizes)[I], &Y = (*B.Sizes)[I];

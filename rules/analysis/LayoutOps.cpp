@@ -1348,7 +1348,8 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   bool Floating = Rule == sem::ResultDType::Floating && !Rounding;
   R.WholeValues = Rounding || sem::wholeResult(C.Name) || keepsWholeValues(C);
   // Floating for certain: made so by this op, or by one before it (x.softmax(1).mul(10)).
-  bool KeepsFloating = C.Self.FloatingOp && Rule == sem::ResultDType::Self;
+  bool KeepsFloating = C.Self.FloatingOp && (Rule == sem::ResultDType::Self ||
+                                              Rule == sem::ResultDType::Own);
   auto Set = [&R, Floating, KeepsFloating](DTypeName D, bool Assumed) {
     R.DType = D.Name;
     R.ElemSize = D.Size;
@@ -1357,6 +1358,8 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   };
   if (Rule == sem::ResultDType::Bool || Rule == sem::ResultDType::Long)
     return Set(Rule == sem::ResultDType::Bool ? DTypeName{"Bool", 1} : DTypeName{"Long", 8}, false);
+  if (Rule == sem::ResultDType::Own && !C.Self.DType.empty()) // indices, masks take no part
+    return Set({C.Self.DType, C.Self.ElemSize}, C.Self.DTypeAssumed);
   // Same: every tensor operand has self's dtype; OthersIntegral: the others
   // are known integers or bools (indices, masks), which a float self outranks.
   bool Same = true, OthersIntegral = true, FloatScalar = false, Assumed = C.Self.DTypeAssumed;

@@ -46,10 +46,6 @@ bool aliasing(const sem::OpInfo *Op) {
                 Op->storage == sem::Storage::Detach || Op->storage == sem::Storage::InPlace);
 }
 
-bool isInPlaceCall(const CallExpr *C) {
-  const FunctionDecl *FD = C->getDirectCallee();
-  return FD && FD->getIdentifier() && sem::isInPlaceName(FD->getName());
-}
 
 } // namespace
 
@@ -236,7 +232,7 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
   }
   const FunctionDecl *F = C->getDirectCallee();
   if (const sem::OpInfo *Op = tensorOp(Model, C)) {
-    if (aliasing(Op) || (!Op && isInPlaceCall(C))) {
+    if (aliasing(Op) || (!Op && TensorModel::isInPlaceCall(C))) {
       if (const Expr *Self = TensorModel::selfOf(C))
         basesOf(Self, Out);
       else if (C->getNumArgs())
@@ -247,7 +243,7 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(C)) {
     // A tensor method outside the table, or an accessor returning a handle
     // or reference into its object (`vec.back()`, `model->weight()`).
-    if (isInPlaceCall(C) || !Model.isTensorExpr(MC->getImplicitObjectArgument()))
+    if (TensorModel::isInPlaceCall(C) || !Model.isTensorExpr(MC->getImplicitObjectArgument()))
       if (C->getType()->isReferenceType() || C->getCallReturnType(Ctx)->isReferenceType() ||
           Model.isTensorExpr(C))
         basesOf(MC->getImplicitObjectArgument(), Out);
@@ -533,7 +529,7 @@ void LoopAnalysis::collectCall(const CallExpr *C, LoopFacts &F) {
   if (OC && OC->isAssignmentOp()) {
     markWritten(OC->getArg(0), F);
   } else if (TensorObj) {
-    if (isInPlaceCall(C)) {
+    if (TensorModel::isInPlaceCall(C)) {
       markWritten(Obj, F);
       llvm::SmallVector<const VarDecl *, 2> B;
       basesOf(Obj, B);
@@ -563,7 +559,7 @@ void LoopAnalysis::collectMethodCall(const CXXMethodDecl *MD, const Expr *Obj, L
     // Another object's method whose body writes only that object and what
     // it is given (`net->option_probs(q, eps)`) is not opaque.
     bool Transparent = !This && transparentMethod(MD);
-    if (!Transparent && (!isTensorLibraryCode(MD) || !MD->getParent()->isInStdNamespace()))
+    if (!Transparent && !isStandardLibrary(MD->getParent()))
       if (!MD->getParent()->isLambda() && !isModuleForward(MD) &&
           MD->getOverloadedOperator() != OO_Arrow) // `net_->`: only a pointer
         F.Opaque = true;
@@ -594,7 +590,7 @@ static bool isForwardedParam(const FunctionDecl *Callee, unsigned I) {
 // handed to code we cannot see may be written in place.
 void LoopAnalysis::collectArgs(const CallExpr *C, const FunctionDecl *Callee, LoopFacts &F) {
   unsigned Shift = isa<CXXOperatorCallExpr>(C) && isa<CXXMethodDecl>(Callee) ? 1 : 0;
-  bool Lib = isTensorLibraryCode(Callee) && !isInPlaceCall(C);
+  bool Lib = isTensorLibraryCode(Callee) && !TensorModel::isInPlaceCall(C);
   for (unsigned I = Shift; I < C->getNumArgs(); ++I) {
     const Expr *A = C->getArg(I);
     QualType PT;
@@ -735,8 +731,61 @@ bool LoopAnalysis::bodyKeepsParam(const FunctionDecl *Def, unsigned I) const {
   return false;
 }
 
+// Note [rebinding in a callee]: the handles of a callee's body that may share
+// its parameter's storage, in source order. `Tensor out = pts;` joins it;
+// `out = out * s;` as a statement of the body itself (run once, before every
+// later statement) leaves it, so `out.add_(b)` after it writes the product,
+// not the caller's tensor. A rebinding inside a branch or loop leaves the
+// handle in: it may still alias on the other path.
+struct LoopAnalysis::ArgAliases {
+  const LoopAnalysis &LA;
+  llvm::DenseSet<const VarDecl *> Vars;
+  llvm::SmallPtrSet<const Stmt *, 16> TopLevel;
+  bool touches(const Expr *E) const {
+    llvm::SmallVector<const VarDecl *, 4> B;
+    LA.basesOf(E, B);
+    return llvm::any_of(B, [&](const VarDecl *V) { return Vars.count(V) > 0; });
+  }
+};
+
+void LoopAnalysis::trackRebinding(const CXXOperatorCallExpr *OC, ArgAliases &A) const {
+  const auto *L = dyn_cast<DeclRefExpr>(stripHandle(OC->getArg(0)));
+  const auto *V = L ? dyn_cast<VarDecl>(L->getDecl()) : nullptr;
+  if (!V)
+    return;
+  if (A.touches(OC->getArg(1)) && mayShareStorage(Model, OC->getArg(1)))
+    A.Vars.insert(V);
+  else if (A.TopLevel.count(OC))
+    A.Vars.erase(V);
+}
+
+// Whether the call C, in a callee whose parameter's aliases are A, writes one.
+bool LoopAnalysis::callWritesAlias(const CallExpr *C, ArgAliases &A, unsigned Depth) const {
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+  const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
+  if (MC && TensorModel::isInPlaceCall(C) && A.touches(MC->getImplicitObjectArgument()))
+    return true;
+  if (OC && OC->isAssignmentOp() && OC->getNumArgs() == 2) {
+    if (OC->getOperator() == OO_Equal && isa<DeclRefExpr>(stripHandle(OC->getArg(0)))) {
+      trackRebinding(OC, A); // rebinding a handle is not a write
+      return false;
+    }
+    return A.touches(OC->getArg(0)); // `t += 1`, `t[0] = x`
+  }
+  const FunctionDecl *F = C->getDirectCallee();
+  if (OC && isa_and_nonnull<CXXMethodDecl>(F)) // `a + b` on tensors reads both
+    return false;
+  for (unsigned J = 0; J < C->getNumArgs(); ++J)
+    if (A.touches(C->getArg(J)) && Model.isTensorExpr(C->getArg(J)) &&
+        mayWriteArg(F, J, Depth + 1))
+      return true;
+  return false;
+}
+
+// Helpers call helpers (a module's forward, its blocks', a kNN's distance):
+// followed six deep, each (function, parameter) once.
 bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth) const {
-  if (!Callee || Depth > 3)
+  if (!Callee || Depth > 6)
     return true;
   if (isTensorLibraryCode(Callee)) // `torch::relu_(t)` writes t; `a.add_(b)` reads b
     return Callee->getIdentifier() && sem::isInPlaceName(Callee->getName()) && I == 0 &&
@@ -744,51 +793,47 @@ bool LoopAnalysis::mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned 
   const FunctionDecl *Def = nullptr;
   if (!Callee->hasBody(Def) || !Def || I >= Def->getNumParams())
     return true;
-  llvm::DenseSet<const VarDecl *> Alias{Def->getParamDecl(I)};
-  auto Touches = [&](const Expr *E) {
-    llvm::SmallVector<const VarDecl *, 4> B;
-    basesOf(E, B);
-    return llvm::any_of(B, [&](const VarDecl *V) { return Alias.count(V) > 0; });
-  };
-  bool Writes = false;
+  if (!WrittenParams.try_emplace({Def, I}, true).second) // true while in progress
+    return WrittenParams.lookup({Def, I});
+  bool W = bodyWritesParam(Def, I, Depth); // may grow the map: no iterator kept
+  WrittenParams[{Def, I}] = W;
+  return W;
+}
+
+bool LoopAnalysis::bodyWritesParam(const FunctionDecl *Def, unsigned I, unsigned Depth) const {
+  ArgAliases A{*this, {Def->getParamDecl(I)}, {}};
+  if (const auto *Body = dyn_cast<CompoundStmt>(Def->getBody()))
+    for (const Stmt *S : Body->body())
+      if (const auto *E = dyn_cast<Expr>(S))
+        A.TopLevel.insert(E->IgnoreImplicit());
   llvm::SmallVector<const Stmt *, 32> Work{Def->getBody()};
-  // Pre-order walk: declarations come before their uses.
-  while (!Work.empty() && !Writes) {
+  // Pre-order walk: declarations and rebindings come before later uses.
+  while (!Work.empty()) {
     const Stmt *S = Work.pop_back_val();
     if (!S)
       continue;
+    bool Writes = false;
     if (const auto *DS = dyn_cast<DeclStmt>(S)) {
       for (const Decl *D : DS->decls())
         if (const auto *V = dyn_cast<VarDecl>(D);
-            V && V->getInit() && Touches(V->getInit()) && mayShareStorage(Model, V->getInit()))
-          Alias.insert(V);
+            V && V->getInit() && A.touches(V->getInit()) && mayShareStorage(Model, V->getInit()))
+          A.Vars.insert(V);
     } else if (const auto *L = dyn_cast<LambdaExpr>(S)) {
-      for (const LambdaCapture &C : L->captures())
-        if (C.capturesVariable() && Alias.count(dyn_cast<VarDecl>(C.getCapturedVar())))
-          Writes = true;
+      Writes = llvm::any_of(L->captures(), [&](const LambdaCapture &C) {
+        return C.capturesVariable() && A.Vars.count(dyn_cast<VarDecl>(C.getCapturedVar()));
+      });
     } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
-      Writes = UO->getOpcode() == UO_AddrOf && Touches(UO->getSubExpr());
+      Writes = UO->getOpcode() == UO_AddrOf && A.touches(UO->getSubExpr());
     } else if (const auto *C = dyn_cast<CallExpr>(S)) {
-      const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
-      const auto *OC = dyn_cast<CXXOperatorCallExpr>(C);
-      if (MC && isInPlaceCall(C) && Touches(MC->getImplicitObjectArgument()))
-        Writes = true;
-      else if (OC && OC->isAssignmentOp() && OC->getNumArgs() &&
-               !(OC->getOperator() == OO_Equal && isa<DeclRefExpr>(stripHandle(OC->getArg(0)))) &&
-               Touches(OC->getArg(0)))
-        Writes = true; // `t += 1`, `t[0] = x` (rebinding a handle is not a write)
-      else if (const FunctionDecl *F = C->getDirectCallee(); !OC || !isa<CXXMethodDecl>(F)) {
-        unsigned Shift = OC && F && isa<CXXMethodDecl>(F) ? 1 : 0;
-        for (unsigned J = Shift; J < C->getNumArgs() && !Writes; ++J)
-          if (Touches(C->getArg(J)) && Model.isTensorExpr(C->getArg(J)))
-            Writes = mayWriteArg(F, J - Shift, Depth + 1);
-      }
+      Writes = callWritesAlias(C, A, Depth);
     }
+    if (Writes)
+      return true;
     llvm::SmallVector<const Stmt *, 8> Kids(S->children());
     for (auto It = Kids.rbegin(); It != Kids.rend(); ++It)
       Work.push_back(*It);
   }
-  return Writes;
+  return false;
 }
 
 const LoopAnalysis::LoopFacts &LoopAnalysis::factsOf(const Stmt *Loop) {
@@ -965,7 +1010,7 @@ bool LoopAnalysis::isInvariantCall(const CallExpr *C, const Stmt *Loop, unsigned
         return false;
     return true;
   };
-  if (isInPlaceCall(C))
+  if (TensorModel::isInPlaceCall(C))
     return false;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
     return (OC->getOperator() == OO_Subscript || isComputingOperator(OC)) && ArgsInvariant();
@@ -1097,7 +1142,7 @@ const Stmt *LoopAnalysis::climbCall(const CallExpr *C, const Expr *Cur, const St
       U.Written = true;
       return nullptr;
     }
-    if (isInPlaceCall(C)) {
+    if (TensorModel::isInPlaceCall(C)) {
       U.Written = true;
       return C; // returns self
     }
@@ -1146,7 +1191,7 @@ bool LoopAnalysis::useAsArgument(const CallExpr *C, const FunctionDecl *Callee, 
     }
   if (isa<CXXConstructorDecl>(Callee) && !Model.isTensorExpr(C))
     U.Escapes = true;
-  if (Lib && Model.isTensorExpr(C) && !isInPlaceCall(C)) {
+  if (Lib && Model.isTensorExpr(C) && !TensorModel::isInPlaceCall(C)) {
     const sem::OpInfo *Op = sem::lookup(Callee->getIdentifier() ? Callee->getName() : "");
     if (aliasing(Op))
       return true;

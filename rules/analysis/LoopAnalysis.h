@@ -112,6 +112,10 @@ private:
   /// A call of Callee may write (in place) the tensor passed as argument I:
   /// true unless its body is visible and only reads it.
   bool mayWriteArg(const FunctionDecl *Callee, unsigned I, unsigned Depth = 0) const;
+  bool bodyWritesParam(const FunctionDecl *Def, unsigned I, unsigned Depth) const;
+  struct ArgAliases;
+  bool callWritesAlias(const CallExpr *C, ArgAliases &A, unsigned Depth) const;
+  void trackRebinding(const CXXOperatorCallExpr *OC, ArgAliases &A) const;
   bool mayKeepArg(const FunctionDecl *Callee, unsigned I) const;
   bool bodyKeepsParam(const FunctionDecl *Def, unsigned I) const;
   bool namesAny(const Expr *E, const llvm::DenseSet<const VarDecl *> &Alias) const;
@@ -136,6 +140,8 @@ private:
   bool pinned(const VarDecl *V) const;
   mutable llvm::DenseMap<const FunctionDecl *, bool> FreshReturns; // returnsFresh, per function
   mutable llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, bool> KeptParams; // bodyKeepsParam
+  // mayWriteArg's answers, per (function, parameter).
+  mutable llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, bool> WrittenParams;
   mutable FixedLocals Fixed; // isFreshLocal's locals, in any function it reads
   llvm::DenseMap<const Stmt *, std::unique_ptr<LoopFacts>> Loops;
 };

@@ -145,6 +145,49 @@ const Expr *TensorModel::viewRoot(const Expr *E) const {
   return E;
 }
 
+// An options argument that says `inplace(true)`: the setter, or a constructor
+// whose parameter is named `inplace` (ReLUFuncOptions(bool inplace)).
+static bool saysInPlace(const Expr *E, const ASTContext &Ctx) {
+  auto True = [&](const Expr *A) {
+    bool V = false;
+    return A && !isa<CXXDefaultArgExpr>(A) && A->EvaluateAsBooleanCondition(V, Ctx) && V;
+  };
+  E = E->IgnoreImplicit();
+  if (const auto *FC = dyn_cast<CXXFunctionalCastExpr>(E)) // `ReLUFuncOptions(true)`
+    E = FC->getSubExpr()->IgnoreImplicit();
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(E)) {
+    const auto *MD = MC->getMethodDecl();
+    if (MD && MD->getIdentifier() && MD->getName() == "inplace" && MC->getNumArgs() == 1)
+      return True(MC->getArg(0));
+    return saysInPlace(MC->getImplicitObjectArgument(), Ctx);
+  }
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(E)) {
+    const CXXConstructorDecl *CD = CE->getConstructor();
+    for (unsigned I = 0; I < CE->getNumArgs() && I < CD->getNumParams(); ++I) {
+      const ParmVarDecl *P = CD->getParamDecl(I);
+      if (P->getIdentifier() && P->getName() == "inplace" ? True(CE->getArg(I))
+                                                           : saysInPlace(CE->getArg(I), Ctx))
+        return true;
+    }
+  }
+  return false;
+}
+
+bool TensorModel::isInPlaceCall(const CallExpr *Call) {
+  const auto *FD = Call->getDirectCallee();
+  if (!FD || !FD->getIdentifier())
+    return false;
+  if (sem::isInPlaceName(FD->getName()))
+    return true;
+  const auto *NS = dyn_cast<NamespaceDecl>(FD->getDeclContext()->getRedeclContext());
+  if (!NS || NS->getName() != "functional" || Call->getNumArgs() < 2)
+    return false;
+  for (unsigned I = 1; I < Call->getNumArgs(); ++I)
+    if (saysInPlace(Call->getArg(I), FD->getASTContext()))
+      return true;
+  return false;
+}
+
 const Expr *TensorModel::inPlaceTarget(const Expr *E) const {
   E = E->IgnoreParenImpCasts();
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E)) {
@@ -176,8 +219,7 @@ const Expr *TensorModel::inPlaceTarget(const Expr *E) const {
   const auto *Call = dyn_cast<CallExpr>(E);
   if (!Call || isa<CXXOperatorCallExpr>(Call))
     return nullptr;
-  const auto *FD = Call->getDirectCallee();
-  if (!FD || !FD->getIdentifier() || !sem::isInPlaceName(FD->getName()))
+  if (!isInPlaceCall(Call))
     return nullptr;
   const Expr *Self = selfOf(Call);
   if (!Self && !isa<CXXMemberCallExpr>(Call) && Call->getNumArgs())

@@ -51,9 +51,15 @@ public:
 
   llvm::ArrayRef<std::string> typeNames() const { return Names; }
 
+  // A call that writes a tensor operand in place: a `*_` op (member or free),
+  // or a `torch::nn::functional` op given `inplace(true)` options
+  // (`F::dropout(a, F::DropoutFuncOptions().p(0.1).inplace(true))`,
+  // `F::relu(x, F::ReLUFuncOptions(true))`), which writes its first argument.
+  static bool isInPlaceCall(const CallExpr *Call);
+
   // The tensor expression an in-place write stores into, or nullptr when E is
-  // not one: table InPlace rows and every `*_` method (member or free function
-  // taking the tensor first), compound assignment operators, and assignment
+  // not one: table InPlace rows, isInPlaceCall (the tensor first for a free
+  // function), compound assignment operators, and assignment
   // to a temporary handle (`a[0] = x`, `a.index(...) = x`: LibTorch's
   // rvalue-qualified operator= copies into the storage).
   const Expr *inPlaceTarget(const Expr *E) const;

@@ -346,3 +346,45 @@ torch::Tensor matchLoss(const torch::Tensor &grid, const std::vector<torch::Tens
   }
   return loss;
 }
+
+// Note [rebinding in a callee]: `out = out * s` as a statement of the body
+// rebinds out before the in-place add, which then writes the product; the
+// same rebinding under a condition leaves out aliasing the argument.
+torch::Tensor jittered(const torch::Tensor &pts, double s) {
+  torch::Tensor out = pts;
+  out = out * s;
+  out.add_(torch::randn_like(out) * 0.01);
+  return out;
+}
+torch::Tensor maybeScaled(const torch::Tensor &pts, double s) {
+  torch::Tensor out = pts;
+  if (s != 1.0)
+    out = out * s;
+  out.add_(1.0);
+  return out;
+}
+// Helpers calling helpers, five deep, only reading their argument.
+torch::Tensor dist2(const torch::Tensor &a) { return a.pow(2).sum(-1); }
+torch::Tensor nearest(const torch::Tensor &a) { return std::get<1>(dist2(a).topk(2, -1)); }
+torch::Tensor grouped(const torch::Tensor &a) { return a.index_select(0, nearest(a).flatten()); }
+torch::Tensor embedded(const torch::Tensor &a) { return grouped(a).mean(0); }
+torch::Tensor classify(const torch::Tensor &a) { return embedded(a).softmax(-1); }
+
+torch::Tensor votes(const torch::Tensor &points, const std::vector<std::vector<int64_t>> &seen,
+                    int64_t n) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor probs = torch::zeros({3});
+  for (int64_t v = 0; v < n; ++v) {
+    auto pts = points.to(torch::kCUDA);
+    // CHECK-MESSAGES: :[[@LINE-1]]:23: warning: 'to' of loop-invariant 'points' copies it to another device again on every iteration
+    std::vector<int64_t> picked;
+    for (auto it : seen[v]) // the vector's iterators change no tensor
+      picked.push_back(it);
+    probs = probs + classify(jittered(pts, 0.9 + 0.1 * v)).cpu();
+  }
+  for (int64_t v = 0; v < n; ++v) {
+    auto pts = points.to(torch::kCUDA); // maybeScaled may write the copy
+    probs = probs + maybeScaled(pts, 0.5 * v).sum().cpu();
+  }
+  return probs;
+}

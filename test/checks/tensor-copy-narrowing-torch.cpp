@@ -298,6 +298,18 @@ torch::Tensor picked_scores(const torch::Tensor &scores, const torch::Tensor &io
   return bins;
 }
 
+// An index or mask operand takes no part in the result's dtype (ops.def: Own):
+// the rows index a float64 table, whatever the default dtype of a parameter.
+torch::Tensor edge_weights(const torch::Tensor &rows, const torch::Tensor &cols, int64_t n) {
+  auto dinv = torch::bincount(rows, {}, n).to(torch::kDouble).clamp_min(1.0).rsqrt();
+  auto vals = torch::empty({rows.size(0)});
+  vals.copy_(dinv.index_select(0, rows) * dinv.gather(0, cols));
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: copy_ silently converts float64 to float32 (the destination's dtype): precision (and range) is lost
+  auto same = torch::empty({rows.size(0)}, torch::kDouble);
+  same.copy_(dinv.index_select(0, rows).masked_fill(rows == cols, 0.0));
+  return vals + same;
+}
+
 // Each conjunct of an assertion holds after it: both frames are uint8.
 struct FrameReplay {
   Tensor obs_ = torch::zeros({8, 4, 84, 84}, torch::kByte), next_ = torch::zeros({8, 4, 84, 84}, torch::kByte);

@@ -482,3 +482,59 @@ Tensor bandScores(torch::nn::Linear &key, const Tensor &x, const Tensor &pad) {
   fixed.masked_fill_(pad, 0.0); // nothing requires grad
   return probs + fixed;
 }
+// A functional op given `inplace(true)` writes its first argument.
+namespace F = torch::nn::functional;
+Tensor attendDropped(torch::nn::Linear &q, const Tensor &x, double p, bool train) {
+  auto attn = torch::softmax(torch::matmul(q(x), x.transpose(-2, -1)), -1);
+  if (train)
+    F::dropout(attn, F::DropoutFuncOptions().p(p).training(true).inplace(true));
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'dropout' on 'attn', which 'softmax' saved for backward (its result)
+  auto gate = torch::sigmoid(q(x));
+  F::relu(gate, F::ReLUFuncOptions(true));
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: in-place 'relu' on 'gate', which 'sigmoid' saved for backward (its result)
+  auto kept = torch::softmax(q(x), -1);
+  auto dropped = F::dropout(kept, F::DropoutFuncOptions().p(p).inplace(false)); // a new tensor
+  auto h = q(x);
+  F::relu(h, F::ReLUFuncOptions(true)); // Linear saves its input, not its output
+  auto plain = torch::tanh(q(x));
+  auto out = F::relu(plain, F::ReLUFuncOptions(false)) + F::dropout(plain, F::DropoutFuncOptions());
+  return attn + gate + dropped + h + out;
+}
+
+// Note [vector elements]: `torch::cat(parts)` of a local vector requires grad
+// when a tensor pushed into it does; per-layer outputs in a vector field of a
+// module's result follow the result.
+Tensor clampedBce(const Tensor &logits, const Tensor &targets) {
+  auto p = torch::sigmoid(logits);
+  p.clamp_(1e-6, 1.0 - 1e-6);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'clamp_' on 'p', which 'sigmoid' saved for backward (its result)
+  return -(targets * torch::log(p)).mean();
+}
+Tensor setLoss(const Tensor &pred, const Tensor &tgt, int64_t n) {
+  std::vector<Tensor> parts, fixed;
+  for (int64_t b = 0; b < n; ++b) {
+    parts.push_back(pred[b].narrow(0, 0, 2));
+    fixed.push_back(pred[b].detach());
+  }
+  auto q = torch::sigmoid(torch::cat(fixed));
+  q.clamp_(0.0, 1.0); // nothing pushed into fixed requires grad
+  return clampedBce(torch::cat(parts).flatten(1), tgt.flatten(1)) + q.sum();
+}
+struct LayersOut {
+  Tensor logits;
+  std::vector<Tensor> aux;
+};
+struct LayersImpl : torch::nn::Module {
+  LayersOut forward(const Tensor &x) { return {fc(x), {fc(x), fc(x)}}; }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Layers);
+void layersStep(Layers &net, torch::optim::Optimizer &opt, const Tensor &x, const Tensor &t) {
+  auto out = net->forward(x);
+  auto loss = setLoss(out.logits, t, 2);
+  for (size_t i = 0; i < out.aux.size(); ++i)
+    loss = loss + setLoss(out.aux[i], t, 2);
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+}

@@ -134,6 +134,38 @@ struct SeqClassifierImpl : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 
+// Without batch_first the output is a fresh [T, B, H] (an input of unknown rank
+// taken as batched): time-major rows are a view, batch-major rows a copy.
+struct StepTaggerImpl : torch::nn::Module {
+  StepTaggerImpl(int64_t in, int64_t hidden) {
+    lstm = register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(in, hidden)));
+  }
+  torch::Tensor rows(const torch::Tensor &x) {
+    const int64_t T = x.size(0), B = x.size(1);
+    auto seq = std::get<0>(lstm->forward(x));
+    auto timeMajor = seq.view({T * B, -1});
+    return seq.transpose(0, 1).reshape({B * T, -1}) + timeMajor;
+    // CHECK-MESSAGES: :[[@LINE-1]]:32: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1; make
+  }
+  torch::nn::LSTM lstm{nullptr};
+};
+
+// Note [rank across a join]: a value contiguous on both paths, of a known rank
+// on one and unknown on the other, keeps an identity for its sizes, so a
+// permute after the loop names its rank.
+torch::Tensor invConv(const torch::Tensor &z, const torch::Tensor &w) {
+  return torch::conv1d(z, w);
+}
+torch::Tensor flowInfer(const torch::Tensor &spect, const torch::Tensor &w, int64_t flows) {
+  const int64_t B = spect.size(0);
+  auto audio = torch::randn({B, 8, spect.size(2)});
+  for (int64_t k = 0; k < flows; ++k)
+    audio = invConv(torch::cat({audio.narrow(1, 4, 4), audio.narrow(1, 0, 4)}, 1), w);
+  auto same = audio.permute({0, 1, 2}).reshape({B, -1}); // the identity permutation: a view
+  return audio.permute({0, 2, 1}).reshape({B, -1}) + same;
+  // CHECK-MESSAGES: :[[@LINE-1]]:35: warning: 'reshape' silently copies the non-contiguous result of 'permute'
+}
+
 // Head merges after the layers real blocks put between the split and the
 // merge: a library module that keeps its input's shape (Dropout), a bias
 // of unknown rank (taken to broadcast into the activations), a sum whose
