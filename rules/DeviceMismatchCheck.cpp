@@ -244,13 +244,14 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
   bool Postfix = isa<ParenExpr>(M.Cpu->IgnoreImplicit()) ||
                  (COC ? COC->getOperator() == OO_Subscript
                       : isa<DeclRefExpr, MemberExpr, CallExpr, ParenExpr>(Cpu));
-  std::string Moved = (Postfix ? CpuText : "(" + CpuText + ")") + ".to(" + M.Device + ")";
+  std::string Base = Postfix ? CpuText : "(" + CpuText + ")";
+  std::string Moved = Base + ".to(" + M.Device + ")";
   bool Fixable = !M.Device.empty() && !M.Cpu->getBeginLoc().isMacroID() &&
                  !M.Cpu->getEndLoc().isMacroID() && !inTemplateInstantiation(M.Call, Ctx);
   std::string Msg = M.Op + " combines the CPU tensor '" + CpuText + "' with " + M.Other +
                     ": throws at run time ('Expected all tensors to be on the same device, but "
                     "found at least two devices, cuda:0 and cpu!'); move it with '" +
-                    (Fixable ? Moved : CpuText + ".to(<device>)") + "'";
+                    (Fixable ? Moved : Base + ".to(<device>)") + "'";
   {
     auto D = diag(M.Loc, Msg, DiagnosticIDs::Error);
     if (Fixable)

@@ -434,7 +434,10 @@ Tri GradFacts::Impl::bundleRequiresGrad(const Expr *V, const State &St) const {
                });
     return All ? Tri::Yes : Tri::Unknown;
   }
-  const auto *IL = dyn_cast<InitListExpr>(V->IgnoreImplicit());
+  const Expr *E = V->IgnoreImplicit();
+  if (const auto *FC = dyn_cast<CXXFunctionalCastExpr>(E)) // `return Out{loss, h};`
+    E = FC->getSubExpr()->IgnoreImplicit();
+  const auto *IL = dyn_cast<InitListExpr>(E);
   if (!IL)
     return Tri::Unknown;
   bool AllYes = true, AllNo = true;

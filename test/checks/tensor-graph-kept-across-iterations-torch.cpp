@@ -526,3 +526,32 @@ double shifted(Net &net, Shift &shift, const std::vector<torch::Tensor> &xs) {
   }
   return acc.item<double>();
 }
+
+// A method of a plain class returning a braced struct (`return Out{...};`):
+// its fields require grad when every tensor given to the braces does.
+struct PolicyOut {
+  torch::Tensor loss, entropy;
+};
+class DiscreteAgent {
+public:
+  PolicyOut actorLoss(const torch::Tensor &obs) {
+    auto probs = torch::softmax(actor_->forward(obs), -1);
+    return PolicyOut{(probs * 2).sum(), -(probs * probs.log()).sum(-1).mean()};
+  }
+  PolicyOut evalOnly(const torch::Tensor &obs) {
+    auto probs = torch::softmax(actor_->forward(obs), -1).detach();
+    return PolicyOut{probs.sum(), -(probs * probs.log()).sum(-1).mean()};
+  }
+  torch::nn::Linear actor_{4, 3};
+};
+double trainAgent(DiscreteAgent &agent, const torch::Tensor &obs, int64_t n) {
+  auto entropySum = torch::zeros({}), evalSum = torch::zeros({});
+  for (int64_t t = 0; t < n; ++t) {
+    auto out = agent.actorLoss(obs);
+    out.loss.backward();
+    entropySum += out.entropy;
+    // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'out.entropy' requires grad and is accumulated into 'entropySum'
+    evalSum += agent.evalOnly(obs).entropy; // detached: no graph
+  }
+  return entropySum.item<double>() + evalSum.item<double>();
+}
