@@ -199,7 +199,10 @@ Tri AnalysisManager::calleeResultGrad(const FunctionDecl *FD, unsigned I) {
     return It->second;
   const FunctionDecl *Def = readableCallee(FD);
   bool Param = I != GradFacts::NoParam;
-  if (!Def || (Param && I >= Def->getNumParams()) || !InGrad.insert(Def).second)
+  // Its own set, not InGrad: a callee's facts from a given entry do not
+  // depend on the callers' facts gradAt may be computing (a helper whose
+  // call sites are being read, called again in a caller), only on callees.
+  if (!Def || (Param && I >= Def->getNumParams()) || !InCalleeGrad.insert(Def).second)
     return Tri::Unknown; // no body, or a recursion
   CalleeGrads[Key] = Tri::Unknown;
   GradFacts G(Model, Ctx, &frozen(), &GradClasses);
@@ -208,7 +211,7 @@ Tri AnalysisManager::calleeResultGrad(const FunctionDecl *FD, unsigned I) {
   if (Param)
     Entry[Def->getParamDecl(I)] = {GradKind::NonLeaf, nullptr};
   G.run(Def, /*GradOffAtEntry=*/false, std::move(Entry));
-  InGrad.erase(Def);
+  InCalleeGrad.erase(Def);
   return CalleeGrads[Key] = G.returnRequiresGrad();
 }
 

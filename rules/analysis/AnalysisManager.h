@@ -80,6 +80,7 @@ private:
   std::optional<FrozenParameters> Frozen;        // built on first use
   llvm::DenseSet<const FunctionDecl *> InEntryQuery;
   llvm::DenseSet<const FunctionDecl *> InGrad; // autograd facts being computed
+  llvm::DenseSet<const FunctionDecl *> InCalleeGrad; // calleeResultGrad's in progress
   llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, Tri> CalleeGrads;
   AliasAnalysis Alias;
   GradClassFacts GradClasses;
