@@ -290,6 +290,36 @@ void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *F
                            Fact::FirstUseInPlace, SM));
 }
 
+// Some op of Region whose result requires grad may save V for backward: a
+// table op that saves an input, or a tensor-library function the table does
+// not list (`torch::dot`).
+bool mayBeSaved(const TensorModel &Model, ASTContext &Ctx, llvm::ArrayRef<const Stmt *> Region,
+                const VarDecl *V) {
+  auto Names = [&](const Expr *E) {
+    const auto *D = E ? dyn_cast<DeclRefExpr>(stripHandle(E)) : nullptr;
+    return D && D->getDecl() == V;
+  };
+  llvm::SmallVector<const Stmt *, 32> Work(Region.begin(), Region.end());
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S)
+      continue;
+    Work.append(S->child_begin(), S->child_end());
+    const auto *Call = dyn_cast<CallExpr>(S);
+    const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+    if (!FD || !isTensorApi(FD) || !(Names(TensorModel::selfOf(Call)) ||
+                                     llvm::any_of(Call->arguments(), Names)))
+      continue;
+    const sem::OpInfo *Op = Model.opOf(Call);
+    sem::Saves Sv = Op ? sem::savesOf(Op->name) : sem::Saves::Inputs;
+    const GradFacts *G = AnalysisManager::get(Model, Ctx).gradAt(Call);
+    if (Sv != sem::Saves::Nothing && Sv != sem::Saves::Result && G &&
+        G->factOf(Call).requiresGrad() == Tri::Yes)
+      return true;
+  }
+  return false;
+}
+
 void UnnecessaryCloneCheck::reportUnneeded(const CloneDecl &C, ASTContext &Ctx) {
   const Expr *Src = C.Call->getImplicitObjectArgument();
   // A view of a named tensor (`p.select(2, 2)`) holds p's storage: p decides.
@@ -305,6 +335,11 @@ void UnnecessaryCloneCheck::reportUnneeded(const CloneDecl &C, ASTContext &Ctx) 
     return;
   const ValueDecl *Vars[] = {C.V, Named};
   if (identityUsed(C.Rest, Vars))
+    return;
+  // A member's copy saved for backward outlives the block in the graph, and
+  // the member may be rewritten before backward runs (a spectral norm's `u_`,
+  // updated in place by the next forward).
+  if (isa<FieldDecl>(Named) && mayBeSaved(Model, Ctx, C.Rest, C.V))
     return;
   const SourceManager &SM = Ctx.getSourceManager();
   StringRef SrcText = textOf(Src->getSourceRange(), Ctx);

@@ -585,7 +585,7 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
       Facts[SelfE] = Self;
     return Self;
   }
-  if (sem::isInPlaceName(Row))
+  if (sem::isInPlaceName(Row) || globalPooling(Name, Args))
     return unknownFact(); // t_, resize_...: self's new layout is not followed
   if (!Model.isTensorExpr(Call) && !sem::returnsValuesIndices(Row)) // (values, indices): the values
     return unknownFact();
@@ -602,6 +602,31 @@ TensorFact LayoutAnalysis::Impl::evalOp(const CallExpr *Call, llvm::StringRef Na
     return R;
   }
   return applyOp(C);
+}
+
+// A pooling op whose window is a run-time size of a tensor
+// (`F::max_pool1d(h, MaxPool1dFuncOptions(h.size(2)))`): global pooling, whose
+// output has size-1 dims the sizes > 1 default would deny. Its layout is left
+// unknown rather than decided from that default.
+bool LayoutAnalysis::Impl::globalPooling(llvm::StringRef Name,
+                                         llvm::ArrayRef<const Expr *> Args) const {
+  if (!Name.contains("pool"))
+    return false;
+  auto IsSizeCall = [&](const Stmt *S) {
+    const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(S);
+    const CXXMethodDecl *MD = MC ? MC->getMethodDecl() : nullptr;
+    return MD && MD->getIdentifier() && (MD->getName() == "size" || MD->getName() == "sizes") &&
+           Model.isTensorExpr(MC->getImplicitObjectArgument()->IgnoreParenImpCasts());
+  };
+  llvm::SmallVector<const Stmt *, 16> Work(Args.begin(), Args.end());
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (IsSizeCall(S))
+      return true;
+    if (S)
+      Work.append(S->child_begin(), S->child_end());
+  }
+  return false;
 }
 
 // A library function the table does not list that takes no tensor first

@@ -175,6 +175,7 @@ public:
   /// Sizes of an unknown-rank tensor taken as contiguous, at a rank the code
   /// names (a permutation, an expand): symbols, or 1 for known unit dims.
   std::optional<Shape> rankedSizes(const TensorFact &Self, size_t Rank);
+  bool globalPooling(llvm::StringRef Name, llvm::ArrayRef<const Expr *> Args) const;
   std::optional<Shape> expandTarget(const OpCall &C);
   bool expandInput(const TensorFact &Self, const Shape &NS, const Expr *Call, Shape &Sz, Shape &St);
   TensorFact expandedUnknown(const OpCall &C, const std::optional<Shape> &NS);

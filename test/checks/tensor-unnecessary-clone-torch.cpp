@@ -210,3 +210,27 @@ double optionValues(PolicyHead &head, const torch::Tensor &x) {
   auto w = head->clipped(kept).sum(); // writes its argument: the copy is needed
   return v.item<double>() + w.item<double>() + q.sum().item<double>();
 }
+
+// A member's copy that an op saves for backward is needed: the next forward
+// rewrites the member in place before backward runs (spectral normalisation).
+struct SpectralLinearImpl : torch::nn::Module {
+  SpectralLinearImpl(int64_t in, int64_t out) {
+    weight = register_parameter("weight", torch::randn({out, in}));
+    u_ = register_buffer("u", torch::randn({out}));
+    v_ = register_buffer("v", torch::randn({in}));
+    scale_ = register_buffer("scale", torch::ones({1}));
+  }
+  torch::Tensor weight, u_, v_, scale_;
+  torch::Tensor sigma() {
+    {
+      torch::NoGradGuard no_grad;
+      v_.copy_(torch::mv(weight.t(), u_));
+      u_.copy_(torch::mv(weight, v_));
+    }
+    auto u = u_.clone();
+    auto v = v_.clone();
+    auto s = scale_.clone();
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'clone' copies 'scale_' for nothing
+    return torch::dot(u, torch::mv(weight, v)) + s.sum();
+  }
+};

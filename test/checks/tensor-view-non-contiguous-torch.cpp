@@ -336,3 +336,15 @@ torch::Tensor stackedPairs(const torch::Tensor &x, const torch::Tensor &y, int64
   return s.transpose(0, 1).view({B, 2 * D}) + rows.sum();
   // CHECK-MESSAGES: :[[@LINE-1]]:28: error: 'view' on the non-contiguous result of 'transpose'
 }
+
+// Pooling over a window a run-time size gives (global pooling) leaves size-1
+// dims, so its layout is not decided from the sizes > 1 default.
+torch::Tensor pooledFeatures(torch::nn::Linear &model, const torch::Tensor &x) {
+  namespace F = torch::nn::functional;
+  auto out = model->forward(x);
+  auto global = F::max_pool1d(out.transpose(1, 2), F::MaxPool1dFuncOptions(out.size(1)));
+  auto windows = F::max_pool1d(out.transpose(1, 2), F::MaxPool1dFuncOptions(3));
+  auto perWindow = windows.transpose(1, 2).view({x.size(0), -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:44: warning: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1
+  return global.transpose(1, 2).view({x.size(0), -1}) + perWindow;
+}
