@@ -1010,6 +1010,8 @@ std::optional<Mono> LayoutAnalysis::Impl::sizeAt(const TensorFact &F,
       return Mono::constant(1); // `x.unsqueeze(1).size(1)`, whatever x's sizes
     if (F.Src)
       return ST.sym(F.Src, K + 1);
+  } else if (D == -1 && F.Src && F.SwapA < 0) {
+    return ST.sym(F.Src, kLastDim); // named by rank in decideUnknownRank
   }
   return std::nullopt;
 }

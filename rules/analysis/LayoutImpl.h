@@ -12,6 +12,9 @@
 namespace clang::tidy::tensor {
 
 namespace layout {
+// `ST.sym(Src, kLastDim)`: `x.size(-1)` of a tensor of unknown rank, named
+// after its rank where one is tried (decideUnknownRank).
+constexpr std::int64_t kLastDim = 1000;
 bool isIntExpr(const Expr *X);
 bool intList(const Expr *E, llvm::SmallVectorImpl<const Expr *> &Out);
 std::optional<std::int64_t> constInt(const Expr *E, const ASTContext &Ctx);
@@ -250,6 +253,7 @@ public:
                          std::optional<Viewability> Decided = std::nullopt);
   ViewQuery decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
                        const std::optional<Shape> &NewShape, Shape &NewStride);
+  std::optional<Shape> shapeAtRank(const TensorFact &In, const ShapeArg &New, const Shape &Sz);
   std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New);
   TensorFact sliceAlong(const OpCall &C, std::int64_t D, size_t First);
   Mono sliceLength(const OpCall &C, const Mono &Len, size_t First, std::int64_t Step);

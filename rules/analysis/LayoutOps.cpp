@@ -494,6 +494,29 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
   return Q;
 }
 
+// New's sizes at one rank of an unknown-rank input, Sz its sizes before the
+// swap: `x.size(-1)` named, `-1` inferred from Swapped's element count;
+// nullopt when the shape does not fit that rank.
+std::optional<Shape> LayoutAnalysis::Impl::shapeAtRank(const TensorFact &In, const ShapeArg &New,
+                                                       const Shape &Sz) {
+  Shape NS = New.Sizes;
+  for (Mono &M : NS) // `x.size(-1)`: x's last dim at this rank
+    if (M == ST.sym(In.Src, kLastDim))
+      M = Sz.back();
+  Mono Numel = ST.product(Sz);
+  if (New.Infer < 0)
+    return ST.eq(ST.product(NS), Numel) == Cmp::EQ ? std::optional<Shape>(NS) : std::nullopt;
+  Mono Rest = Mono::constant(1);
+  for (size_t I = 0; I < NS.size(); ++I)
+    if ((int)I != New.Infer)
+      Rest = ST.mul(Rest, NS[I]);
+  auto Q = ST.exactQuotient(Numel, Rest);
+  if (!Q)
+    return std::nullopt;
+  NS[New.Infer] = *Q;
+  return NS;
+}
+
 // A contiguous tensor of unknown rank with two dims swapped: decide for each
 // rank the new shape fits; when its sizes are unrelated, count chunks.
 std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorFact &In,
@@ -504,24 +527,13 @@ std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorF
     for (int K = 0; K < Rank; ++K)
       Sz.push_back((In.UnitDims >> K) & 1 ? Mono::constant(1) : ST.sym(In.Src, K + 1));
     Shape St = contiguousStrides(ST, Sz);
+    std::optional<Shape> NS = shapeAtRank(In, New, Sz);
     std::swap(Sz[In.SwapA], Sz[In.SwapB]);
     std::swap(St[In.SwapA], St[In.SwapB]);
-    Shape NS = New.Sizes;
-    Mono Numel = ST.product(Sz);
-    if (New.Infer >= 0) {
-      Mono Rest = Mono::constant(1);
-      for (size_t I = 0; I < NS.size(); ++I)
-        if ((int)I != New.Infer)
-          Rest = ST.mul(Rest, NS[I]);
-      auto Q = ST.exactQuotient(Numel, Rest);
-      if (!Q)
-        continue;
-      NS[New.Infer] = *Q;
-    } else if (ST.eq(ST.product(NS), Numel) != Cmp::EQ) {
+    if (!NS)
       continue; // not this rank
-    }
     Shape NSt;
-    Viewability V = computeStride(ST, Sz, St, NS, NSt);
+    Viewability V = computeStride(ST, Sz, St, *NS, NSt);
     if (V == Viewability::Unknown || (Verdict && *Verdict != V))
       return std::nullopt;
     Verdict = V;

@@ -166,6 +166,17 @@ torch::Tensor flowInfer(const torch::Tensor &spect, const torch::Tensor &w, int6
   // CHECK-MESSAGES: :[[@LINE-1]]:35: warning: 'reshape' silently copies the non-contiguous result of 'permute'
 }
 
+// Unknown rank: `x.size(-1)` is x's last dim at each rank tried (a copy at
+// every one here). A reshape that is a no-op at rank 2 and a copy above it is
+// undecided (the input may be a matrix), as the LSTM output above.
+torch::Tensor timeMajorRows(const torch::Tensor &feats, const torch::Tensor &images) {
+  auto rows = feats.transpose(0, 1).reshape({-1, feats.size(-1)});
+  // CHECK-MESSAGES: :[[@LINE-1]]:37: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+  auto spread = images.transpose(0, 1).reshape({images.size(1), -1});
+  auto same = feats.transpose(0, 1).reshape({feats.size(1), feats.size(0)}); // fits rank 2 only
+  return rows.sum() + spread.sum() + same.sum();
+}
+
 // Head merges after the layers real blocks put between the split and the
 // merge: a library module that keeps its input's shape (Dropout), a bias
 // of unknown rank (taken to broadcast into the activations), a sum whose
