@@ -526,7 +526,12 @@ void LoopAnalysis::collectCall(const CallExpr *C, LoopFacts &F) {
   if (OC && OC->getNumArgs() >= 1 && isa_and_nonnull<CXXMethodDecl>(Callee))
     Obj = OC->getArg(0);
   bool TensorObj = Obj && Model.isTensorExpr(Obj->IgnoreParenImpCasts());
-  if (OC && OC->isAssignmentOp()) {
+  const auto *Rebound = OC && OC->getOperator() == OO_Equal && TensorObj
+                           ? dyn_cast<DeclRefExpr>(stripHandle(OC->getArg(0)))
+                           : nullptr;
+  if (const auto *V = Rebound ? dyn_cast<VarDecl>(Rebound->getDecl()) : nullptr) {
+    F.Rebound.insert(V); // `w = x.to(dev)`: w varies; x's storage, which w may share, does not
+  } else if (OC && OC->isAssignmentOp()) {
     markWritten(OC->getArg(0), F);
   } else if (TensorObj) {
     if (TensorModel::isInPlaceCall(C)) {
@@ -603,6 +608,8 @@ void LoopAnalysis::collectArgs(const CallExpr *C, const FunctionDecl *Callee, Lo
       W = !PT->getPointeeType().isConstQualified() || PT->isRValueReferenceType();
     if (Lib && isForwardedParam(Callee, I - Shift))
       W = false; // the library forwards it to a constructor
+    if (Lib && PT->isRValueReferenceType() && Model.isTensorType(PT.getNonReferenceType()))
+      W = false; // `w = x.to(dev)`: the handle is moved from, its storage untouched
     if (Model.isTensorExpr(A) && !Lib && mayWriteArg(Callee, I - Shift))
       W = true;
     if (isa<CXXThisExpr>(A->IgnoreParenImpCasts()))
@@ -911,7 +918,7 @@ bool LoopAnalysis::isInvariantVar(const DeclRefExpr *D, const Stmt *Loop, const 
   if (V->getType().isConstQualified() && !Model.isTensorType(V->getType()) &&
       !V->getType()->isReferenceType() && (V->hasGlobalStorage() || V->isConstexpr()))
     return true;
-  if (pinnedIn(V, Loop) || classWritten(V, F))
+  if (pinnedIn(V, Loop) || classWritten(V, F) || F.Rebound.count(V))
     return false;
   if (isDeclaredIn(V, Loop)) {
     if (const auto *RF = dyn_cast<CXXForRangeStmt>(Loop); RF && RF->getLoopVariable() == V)
@@ -973,7 +980,7 @@ bool LoopAnalysis::mayChangeIn(const Expr *E, llvm::ArrayRef<const Stmt *> Regio
   auto VarChanged = [&](const Expr *X) {
     const auto *D = dyn_cast<DeclRefExpr>(stripHandle(X));
     const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
-    return !V || pinned(V) || classWritten(V, F) || !keptOutside(V, F);
+    return !V || pinned(V) || classWritten(V, F) || F.Rebound.count(V) || !keptOutside(V, F);
   };
   E = stripHandle(E);
   const auto *ME = dyn_cast<MemberExpr>(E);

@@ -65,7 +65,8 @@ public:
 
 private:
   struct LoopFacts {
-    llvm::DenseSet<const VarDecl *> Written;
+    llvm::DenseSet<const VarDecl *> Written;   // storage written (through any alias)
+    llvm::DenseSet<const VarDecl *> Rebound;   // handles assigned another tensor
     llvm::DenseSet<const FieldDecl *> WrittenFields;
     bool Opaque = false;      // a call that may write storage we cannot see
     bool ThisMutated = false; // a non-const method of *this, or this passed out

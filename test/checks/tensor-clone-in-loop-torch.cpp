@@ -388,3 +388,29 @@ torch::Tensor votes(const torch::Tensor &points, const std::vector<std::vector<i
   }
   return probs;
 }
+
+// `w = interior.to(device_)`: assigning the copy to a handle rebinds it; the
+// source, which `to` may return itself, is not written by that.
+struct TiledDecoder {
+  explicit TiledDecoder(torch::nn::Linear m) : m_(std::move(m)), device_(torch::kCUDA) {
+    m_->to(device_);
+  }
+  torch::Tensor run(const torch::Tensor &z0, int64_t n) {
+    auto z = z0.to(device_);
+    const auto interior = torch::ones({4, 4});
+    torch::Tensor acc;
+    for (int64_t i = 0; i < n; ++i) {
+      torch::Tensor w;
+      if (i % 2 == 0) {
+        w = interior.to(device_);
+        // CHECK-MESSAGES: :[[@LINE-1]]:22: warning: 'to' of loop-invariant 'interior' copies it to another device again on every iteration
+      } else {
+        w = torch::ones({i, 4}).to(device_);
+      }
+      acc = m_->forward(z) * w;
+    }
+    return acc;
+  }
+  torch::nn::Linear m_;
+  torch::Device device_;
+};
