@@ -769,6 +769,22 @@ vec::Store storeFor(const Loop &L, std::int64_t es) {
   return stream ? vec::Store::Streaming : vec::Store::Cached;
 }
 
+// A 2-D L (inner runs contiguous or broadcast) through fn, rows split among the threads.
+template <typename T> bool runVecRows(const Loop &L, vec::BinaryRowsFn<T> fn, T alpha) {
+  if (!fn)
+    return false;
+  const std::int64_t es = sizeof(T), n = L.sizes[1];
+  const std::int64_t sa = L.strides[1][1] / es, sb = L.strides[2][1] / es;
+  parallelItems(L.sizes[0], n, [&](std::int64_t begin, std::int64_t end) {
+    const vec::RowSteps r{end - begin, L.strides[0][0] / es, L.strides[1][0] / es,
+                          L.strides[2][0] / es};
+    fn(reinterpret_cast<T *>(L.base[0]) + begin * r.ro,
+       reinterpret_cast<const T *>(L.base[1]) + begin * r.ra, sa,
+       reinterpret_cast<const T *>(L.base[2]) + begin * r.rb, sb, alpha, n, r);
+  });
+  return true;
+}
+
 // Runs L through a loop of cpu_vec.h when every inner run is contiguous, or a
 // broadcast scalar, in each operand; false otherwise.
 template <typename T> bool runVecBinary(const Loop &L, BinaryOp op, bool unitAlpha, T alpha) {
@@ -780,6 +796,8 @@ template <typename T> bool runVecBinary(const Loop &L, BinaryOp op, bool unitAlp
   if (s0 != es || (s1 != es && s1 != 0) || (s2 != es && s2 != 0) || (s1 == 0 && s2 == 0))
     return false;
   const vec::Store store = storeFor(L, es);
+  if (store == vec::Store::Cached && L.ndim == 2)
+    return runVecRows<T>(L, vec::binaryRows<T>(op, unitAlpha), alpha);
   const vec::BinaryFn<T> fn = vec::binary<T>(op, unitAlpha, store);
   if (!fn)
     return false;

@@ -111,6 +111,11 @@ TT_INLINE void streamStore16(void *to, const void *from) {
                       std::int64_t n) {                                                            \
     binaryBody(o, a, sa, b, sb, alpha, n, NAME##Op);                                               \
   }                                                                                                \
+  TT_CLONES void NAME##Rows(T *o, const T *a, std::int64_t sa, const T *b, std::int64_t sb,        \
+                            T alpha, std::int64_t n, const RowSteps &r) {                          \
+    for (std::int64_t i = 0; i < r.rows; ++i)                                                      \
+      binaryBody(o + i * r.ro, a + i * r.ra, sa, b + i * r.rb, sb, alpha, n, NAME##Op);            \
+  }                                                                                                \
   TT_VEC_STREAMS(NAME, T, EXPR)
 #define TT_VEC_BINARY_ALL(SUFFIX, T)                                                               \
   TT_VEC_BINARY(add##SUFFIX, T, x + y)                                                             \
@@ -129,9 +134,10 @@ TT_VEC_BINARY(divF64, double, x / y)
 // One op's loops: the clones, then the streaming loop per ISA (widest first).
 template <typename T> struct Fns {
   BinaryFn<T> cached;
+  BinaryRowsFn<T> rows;
   BinaryFn<T> stream[3];
 };
-#define TT_FNS(NAME) {NAME, TT_STREAM_FNS(NAME)}
+#define TT_FNS(NAME) {NAME, NAME##Rows, TT_STREAM_FNS(NAME)}
 
 // The table row of one dtype: add, add with alpha, sub, sub with alpha, mul, div.
 template <typename T> struct Row {
@@ -184,7 +190,14 @@ template <typename T> BinaryFn<T> binary(BinaryOp op, bool unitAlpha, Store stor
   return store == Store::Streaming && streaming ? streaming : f->cached;
 }
 
-#define TT_VEC_INSTANTIATE(T) template BinaryFn<T> binary<T>(BinaryOp, bool, Store);
+template <typename T> BinaryRowsFn<T> binaryRows(BinaryOp op, bool unitAlpha) {
+  const Fns<T> *f = find<T>(op, unitAlpha);
+  return f ? f->rows : nullptr;
+}
+
+#define TT_VEC_INSTANTIATE(T)                                                                      \
+  template BinaryFn<T> binary<T>(BinaryOp, bool, Store);                                           \
+  template BinaryRowsFn<T> binaryRows<T>(BinaryOp, bool);
 TT_VEC_INSTANTIATE(float)
 TT_VEC_INSTANTIATE(double)
 TT_VEC_INSTANTIATE(std::int32_t)

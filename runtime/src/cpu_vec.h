@@ -16,6 +16,16 @@ template <typename T>
 using BinaryFn = void (*)(T *out, const T *a, std::int64_t sa, const T *b, std::int64_t sb, T alpha,
                           std::int64_t n);
 
+// The same loop over `rows` runs of n elements, run r starting r * ro, r * ra
+// and r * rb elements in: a 2-D broadcast in one call, with no call and no
+// offset arithmetic per row.
+struct RowSteps {
+  std::int64_t rows, ro, ra, rb;
+};
+template <typename T>
+using BinaryRowsFn = void (*)(T *out, const T *a, std::int64_t sa, const T *b, std::int64_t sb,
+                              T alpha, std::int64_t n, const RowSteps &r);
+
 template <typename T>
 inline constexpr bool kHasBinary =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
@@ -38,6 +48,8 @@ enum class Store { Cached, Streaming };
 // The loop for op on T (unitAlpha: alpha is 1), or nullptr where there is none
 // (integer Div floors and checks for zero; Pow, Maximum, Minimum: scalar code).
 template <typename T> BinaryFn<T> binary(BinaryOp op, bool unitAlpha, Store store);
+// The rows form of binary's cached-store loop, or nullptr where there is none.
+template <typename T> BinaryRowsFn<T> binaryRows(BinaryOp op, bool unitAlpha);
 
 // Orders this thread's streaming stores before its later stores (sfence).
 void streamFence();

@@ -151,6 +151,27 @@ TEST(Elementwise, LargeOutputsMatchTheReferenceAtEveryThreadCount) {
   tt::set_num_threads(1);
 }
 
+// Column slices: rows further apart than their length, in the output (in place)
+// and in both operands, including a [rows, 1] column of a wider tensor.
+TEST(Elementwise, ColumnSlicesMatchTheContiguousResult) {
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    tt::set_num_threads(threads);
+    const std::int64_t rows = 129, cols = 2051;
+    tt::Tensor wide =
+        tt::arange(rows * (cols + 3), tt::kLong).view({rows, cols + 3}).to(tt::kDouble);
+    tt::Tensor a = wide.narrow(1, 2, cols), col = wide.narrow(1, 1, 1);
+    for (const tt::Tensor &b : {col, wide.narrow(1, 0, cols)}) {
+      tt::Tensor want = a.contiguous().sub(b.contiguous(), 2);
+      EXPECT_EQ(longs(a.sub(b, 2)), longs(want));
+      tt::Tensor c = wide.clone();
+      c.narrow(1, 2, cols).sub_(b, 2);
+      EXPECT_EQ(longs(c.narrow(1, 2, cols)), longs(want));
+    }
+  }
+  tt::set_num_threads(1);
+}
+
 // Note [huge pages for large blocks]: blocks of 2 MiB and more start on a 2 MiB boundary.
 TEST(Allocator, LargeBlocksAreHugePageAligned) {
   tt::Tensor big = tt::empty({std::int64_t(1) << 20}, tt::dtype(tt::kFloat)); // 4 MiB
