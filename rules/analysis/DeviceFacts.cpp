@@ -466,7 +466,7 @@ bool DeviceFacts::bodyMovesToHost(const FunctionDecl *Def) {
 
 DeviceKnown DeviceFacts::ofTensorVector(const VarDecl *V, unsigned Depth) {
   llvm::SmallVector<const Expr *, 8> Values;
-  if (!Vectors.valuesOf(V, Values) || Assigned.count(V))
+  if (!Vectors.valuesOf(V, Values)) // assigned or changed otherwise: tainted
     return DeviceKnown::Unknown;
   if (!VectorInProgress.insert(V).second) { // filled from itself: not V's own answer
     Cut.Hard = true;
