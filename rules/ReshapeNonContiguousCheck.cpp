@@ -46,7 +46,7 @@ void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
     Msg += "the new shape cannot be a view of its strides";
   else
     Msg += "the new shape cannot be a view unless the dimensions it merges have size 1" +
-           LayoutAnalysis::assumption(Q->Input);
+           LayoutAnalysis::assumption(*Q);
   Msg += "; make the copy explicit with '.contiguous()";
   Msg += Name == "reshape" ? ".view(...)'" : "." + Name + "(...)'";
   {

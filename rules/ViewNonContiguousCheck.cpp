@@ -59,7 +59,7 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
              LayoutAnalysis::formatShape(*Q->NewSizes);
   } else {
     Msg += " throws at run time unless the dimensions it merges have size 1" +
-           LayoutAnalysis::assumption(Q->Input);
+           LayoutAnalysis::assumption(*Q);
   }
   Msg += " ('view size is not compatible with input tensor's size and stride'); ";
   // When the layout is known, reshape would copy for certain: make that copy

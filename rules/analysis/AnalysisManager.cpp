@@ -142,6 +142,7 @@ ParamFacts AnalysisManager::paramFacts(const FunctionDecl *FD) {
       if (A->Device != All->Device)
         All->Device = TensorFact::AnyDevice;
       All->DeviceRuntime |= A->DeviceRuntime;
+      All->RankShown |= A->RankShown;
     }
     if (All && All->says())
       Out[P] = std::move(*All);
@@ -162,6 +163,7 @@ std::optional<ParamFact> AnalysisManager::argumentFact(const CallSites::Site &S,
   if (!F)
     return std::nullopt;
   ParamFact A;
+  A.RankShown = F->Sizes.has_value();
   if (F->Sizes && F->Contig == TensorFact::Yes &&
       llvm::none_of(*F->Sizes, [](const Mono &M) { return M.isConst(1); })) {
     A.Sizes.emplace();

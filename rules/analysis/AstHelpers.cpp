@@ -128,6 +128,46 @@ bool isModuleCall(const CallExpr *Call) {
          isModuleHolderType(OC->getArg(0)->getType());
 }
 
+// The Impl a ModuleHolder<Impl> (or a class derived from one) holds.
+static const CXXRecordDecl *heldImpl(const CXXRecordDecl *RD) {
+  for (int Depth = 0; RD && RD->hasDefinition() && Depth < 4; ++Depth) {
+    const auto *TS = dyn_cast<ClassTemplateSpecializationDecl>(RD);
+    if (TS && TS->getIdentifier() && TS->getName() == "ModuleHolder" &&
+        TS->getTemplateArgs().size() == 1 &&
+        TS->getTemplateArgs()[0].getKind() == TemplateArgument::Type)
+      return TS->getTemplateArgs()[0].getAsType()->getAsCXXRecordDecl();
+    const CXXRecordDecl *Def = RD->getDefinition();
+    RD = Def->getNumBases() == 1 ? Def->bases_begin()->getType()->getAsCXXRecordDecl() : nullptr;
+  }
+  return nullptr;
+}
+
+const CXXMethodDecl *holderForward(const CallExpr *Call) {
+  if (!isModuleCall(Call))
+    return nullptr;
+  const auto *OC = cast<CXXOperatorCallExpr>(Call);
+  const CXXRecordDecl *Impl =
+      heldImpl(OC->getArg(0)->getType().getNonReferenceType()->getAsCXXRecordDecl());
+  if (!Impl || !Impl->hasDefinition() || isTensorLibraryCode(Impl))
+    return nullptr;
+  const CXXMethodDecl *Found = nullptr;
+  for (const CXXMethodDecl *M : Impl->getDefinition()->methods()) {
+    if (!M->getIdentifier() || M->getName() != "forward" ||
+        M->getNumParams() != Call->getNumArgs() - 1)
+      continue;
+    if (Found)
+      return nullptr; // overloads the argument count does not tell apart
+    Found = M;
+  }
+  return Found;
+}
+
+const FunctionDecl *readableBodyOf(const CallExpr *Call) {
+  if (const FunctionDecl *FD = readableCallee(Call->getDirectCallee()))
+    return FD;
+  return readableCallee(holderForward(Call));
+}
+
 const Expr *moduleValue(const Expr *E) {
   E = stripHandle(E);
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E))

@@ -47,6 +47,13 @@ bool isModuleHolderType(QualType T);
 
 /// `m(x)`: the call operator of a module value.
 bool isModuleCall(const CallExpr *Call);
+/// The user's `forward` a holder's `m(x)` runs (`Dec` of `TORCH_MODULE(Dec)`
+/// holds a `DecImpl`): its only forward taking that many arguments; null for
+/// library modules, templates and overloads it cannot tell apart.
+const CXXMethodDecl *holderForward(const CallExpr *Call);
+/// The body Call runs that the analyses may read: readableCallee of its
+/// callee, or of the forward a holder's `m(x)` runs.
+const FunctionDecl *readableBodyOf(const CallExpr *Call);
 /// {L, R} of `L = R` (built-in or overloaded `=`); {null, null} for any other S.
 std::pair<const Expr *, const Expr *> assignmentSides(const Stmt *S);
 

@@ -341,6 +341,15 @@ static unsigned objectArgs(const CallExpr *Call, const FunctionDecl *FD) {
   return isa<CXXOperatorCallExpr>(Call) && isa<CXXMethodDecl>(FD) ? 1 : 0;
 }
 
+// The argument Call passes for P, when P is one of FD's parameters.
+static const Expr *argumentOf(const CallExpr *Call, const FunctionDecl *FD, const void *P) {
+  unsigned Shift = objectArgs(Call, FD);
+  for (unsigned J = 0; J < FD->getNumParams() && J + Shift < Call->getNumArgs(); ++J)
+    if (FD->getParamDecl(J) == P)
+      return Call->getArg(J + Shift);
+  return nullptr;
+}
+
 
 TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
   E = stripHandle(E);
@@ -387,6 +396,10 @@ TensorFact LayoutAnalysis::Impl::evalTensor(const Expr *E, State &S) {
       }
     if (const void *Id = memberStorage(ME))
       F.Src = F.Root = Id;
+    // `out.hidden` of `auto out = lm->forward(x)`: what forward returns there.
+    if (const auto *FD = dyn_cast<FieldDecl>(Field); FD && !ME->isArrow())
+      if (std::optional<TensorFact> R = structField(ME->getBase(), FD, S))
+        F = *R;
     // `out.logits` of `auto out = net->forward(x)`: on the module's input's device.
     if (const CallExpr *Module = structResultOf(ME))
       return onInputDevice(F, Model.tensorOperand(moduleInput(Module)), S);
@@ -486,7 +499,7 @@ TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, Sta
     [[fallthrough]];
   case OO_Call:
     if (isModuleCall(OC) && OC->getNumArgs() >= 2)
-      return moduleResult(OC, nullptr, OC->getArg(1), S);
+      return moduleResult(OC, holderForward(OC), OC->getArg(1), S);
     [[fallthrough]];
   default:
     if (Name.empty())
@@ -679,11 +692,38 @@ std::optional<Shape> LayoutAnalysis::Impl::joinedShape(const OpCall &C) {
   return std::nullopt;
 }
 
+// Note [stacked symbols]
+// `torch::stack({z1, z2})` of tensors of unknown rank along dim D >= 0: its
+// dims are the first element's with the list's length inserted at D. The
+// result's symbols (its Src is the call) are identified with them, so
+// `torch::stack({z1, z2}).transpose(0, 1).view({z1.size(0), -1})` is decided
+// at each rank as the element's sizes say.
+void LayoutAnalysis::Impl::identifyStacked(const OpCall &C) {
+  if (C.Name != "stack" || C.Args.empty() || Model.tensorOperand(C.Args.front()))
+    return;
+  auto D = C.arg(1) ? argInt(C, 1) : std::optional<std::int64_t>(0);
+  llvm::SmallVector<const Expr *, 4> Es;
+  Model.tensorOperands(C.Args.front(), Es);
+  if (!D || *D < 0 || *D > 8 || Es.empty())
+    return;
+  TensorFact E = evalTensor(Es.front(), C.S);
+  if (E.Sizes || !E.Src || E.SwapA >= 0 || E.UnitDims)
+    return;
+  const Mono Count = Mono::constant((std::int64_t)Es.size());
+  for (std::int64_t K = 0; K <= 8; ++K)
+    ST.identify(C.Call, K + 1,
+                K < *D ? ST.sym(E.Src, K + 1) : K == *D ? Count : ST.sym(E.Src, K));
+  if (*D == 0)
+    ST.identify(C.Call, kLastDim, ST.sym(E.Src, kLastDim));
+}
+
 TensorFact LayoutAnalysis::Impl::unlistedMaker(const OpCall &C) {
   TensorFact F = assumedResult(C.Call);
   if (auto Sz = C.Op ? joinedShape(C) : std::nullopt) {
     setContiguous(F, *Sz); // allocated: contiguous whatever the defaults
     F.Assumed = false;
+  } else if (C.Op) {
+    identifyStacked(C);
   }
   if (C.Op)
     onListDevice(C, F);
@@ -905,12 +945,33 @@ TensorFact LayoutAnalysis::Impl::importFact(const TensorFact &F, const CallExpr 
   if (!R.KindSource.Text.empty())
     R.KindSource.Text += In;
   R.Src = Call;
+  if (const Expr *Arg = F.Sizes ? nullptr : argumentOf(Call, FD, F.Src))
+    if (!withArgumentSizes(R, F, evalTensor(Arg, S)))
+      return unknownLike(R);
   R.Root = nullptr;
   R.SliceDim = -1;
   R.Lo = R.Hi = TensorFact::Bound();
   R.Broadcast = R.BroadcastAssumed = false;
   R.ExpandCall = nullptr;
   return R;
+}
+
+// R, a callee's result of unknown rank with its parameter's sizes (F.Src is
+// the parameter), at a call given A: A's sizes. False when F's layout rests
+// on the parameter's contiguity and A is not contiguous (a transposed
+// argument): the default the callee was analysed with does not hold here.
+bool LayoutAnalysis::Impl::withArgumentSizes(TensorFact &R, const TensorFact &F,
+                                             const TensorFact &A) {
+  if (F.Assumed && A.Contig == TensorFact::No)
+    return false;
+  if (F.Contig == TensorFact::Yes && F.SwapA < 0 && !F.UnitDims && A.Contig == TensorFact::Yes &&
+      A.Sizes) {
+    setContiguous(R, *A.Sizes);
+    R.Assumed = A.Assumed;
+  } else if (A.Src && !A.Sizes && A.SwapA < 0 && !A.UnitDims) {
+    R.Src = A.Src;
+  }
+  return true;
 }
 
 // What the callee's symbol (K, I) is at this call (keys as evalInt and
@@ -948,14 +1009,83 @@ std::optional<Mono> LayoutAnalysis::Impl::bindCalleeSymbol(const CallExpr *Call,
 
 void LayoutAnalysis::Impl::recordReturn(const ReturnStmt *RS, State &S) {
   const Expr *V = RS->getRetValue();
-  if (!Recording || !V || !Model.isTensorExpr(V))
+  if (!Recording || !V)
     return;
-  TensorFact F = evalTensor(V, S);
+  if (!Model.isTensorExpr(V))
+    return recordReturnedFields(V, S);
+  TensorFact F = normalised(evalTensor(V, S));
+  Returned = Returned ? layout::join(*Returned, F) : F;
+}
+
+// `return {logits, means, stds};` of a struct of tensors: each field's fact.
+void LayoutAnalysis::Impl::recordReturnedFields(const Expr *V, State &S) {
+  const auto *RD = Model.isTensorStruct(V->getType()) ? V->getType()->getAsCXXRecordDecl()
+                                                      : nullptr;
+  if (!RD)
+    return;
+  for (const FieldDecl *F : RD->fields()) {
+    if (!Model.isTensorType(F->getType()))
+      continue;
+    std::optional<TensorFact> R = structField(V, F, S);
+    TensorFact N = R ? normalised(*R) : unknownFact();
+    auto [It, New] = ReturnedFields.try_emplace(F, N);
+    if (!New)
+      It->second = layout::join(It->second, N);
+  }
+}
+
+// F with its sizes and strides in this table's normal form (for importers).
+TensorFact LayoutAnalysis::Impl::normalised(TensorFact F) const {
   for (std::optional<Shape> *Sh : {&F.Sizes, &F.Strides})
     if (*Sh)
       for (Mono &M : **Sh)
         M = ST.norm(M);
-  Returned = Returned ? layout::join(*Returned, F) : F;
+  return F;
+}
+
+// Field F of a struct-valued E: its braced initialiser, the tracked field of
+// a local, what the call that initialised the local returns in F, or what a
+// callee returns in F; none when none of these says.
+std::optional<TensorFact> LayoutAnalysis::Impl::structField(const Expr *E, const FieldDecl *F,
+                                                            State &S, int Depth) {
+  E = E ? E->IgnoreImplicit() : nullptr;
+  if (const auto *FC = dyn_cast_or_null<CXXFunctionalCastExpr>(E)) // `Out{a, b}`
+    E = FC->getSubExpr()->IgnoreImplicit();
+  if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E);
+      CE && CE->getNumArgs() == 1 && CE->getConstructor()->isCopyOrMoveConstructor())
+    E = CE->getArg(0)->IgnoreImplicit();
+  if (!E || Depth > 4)
+    return std::nullopt;
+  // A local's braced initialiser was evaluated where it stood, not here.
+  if (const auto *IL = dyn_cast<InitListExpr>(E); IL && !Depth) {
+    const unsigned I = F->getFieldIndex();
+    if (I < IL->getNumInits() && Model.isTensorExpr(IL->getInit(I)))
+      return evalTensor(IL->getInit(I), S);
+    return std::nullopt;
+  }
+  if (const VarDecl *V = varOf(E)) {
+    if (!V->isLocalVarDecl() || V->getType()->isReferenceType() || Untracked.count(V))
+      return std::nullopt;
+    if (auto It = S.L.find({V, F}); It != S.L.end())
+      return It->second;
+    const Expr *Init = Locals.initializerOf(V);
+    return Init ? structField(Init, F, S, Depth + 1) : std::nullopt;
+  }
+  if (const auto *Call = dyn_cast<CallExpr>(E))
+    return calleeField(Call, F, S);
+  return std::nullopt;
+}
+
+// Field F of the struct a function of the TU returns, when its layout says
+// more than the defaults (a view, a batch_first LSTM's output).
+std::optional<TensorFact> LayoutAnalysis::Impl::calleeField(const CallExpr *Call,
+                                                            const FieldDecl *F, State &S) {
+  const FunctionDecl *Def = readableBodyOf(Call);
+  const LayoutAnalysis *L = Callees && Def ? Callees(Def) : nullptr;
+  const TensorFact *R = L ? L->returnFieldFact(F) : nullptr;
+  if (!R || (R->Contig != TensorFact::No && !R->Sizes))
+    return std::nullopt;
+  return importFact(*R, Call, Def, L->symbols(), S);
 }
 
 std::optional<Mono> LayoutAnalysis::Impl::evalSizeQuery(const Expr *E, State &S) {
@@ -1052,7 +1182,7 @@ Mono LayoutAnalysis::Impl::evalInt(const Expr *E, State &S) {
   return ST.sym(E, 0);
 }
 
-std::optional<ShapeArg> LayoutAnalysis::Impl::shapeArg(const Expr *E, State &S) {
+std::optional<ShapeArg> LayoutAnalysis::Impl::shapeArg(const Expr *E, State &S, bool Expand) {
   llvm::SmallVector<const Expr *, 4> Elts;
   if (!intList(E, Elts))
     return std::nullopt;
@@ -1060,7 +1190,7 @@ std::optional<ShapeArg> LayoutAnalysis::Impl::shapeArg(const Expr *E, State &S) 
   for (const Expr *X : Elts) {
     Mono M = evalInt(X, S);
     if (M.isConst(-1)) {
-      if (R.Infer >= 0)
+      if (R.Infer >= 0 && !Expand) // expand's -1s keep sizes: any number of them
         return std::nullopt;
       R.Infer = (int)R.Sizes.size();
     } else if (M.isConst() && M.Num < 0) {
@@ -1561,6 +1691,10 @@ void LayoutAnalysis::setDeviceVars(DeviceFacts *D) { P->DeviceVars = D; }
 void LayoutAnalysis::setClassFacts(LayoutClassFacts *C) { P->Classes = C; }
 void LayoutAnalysis::setParamFacts(ParamFacts S) { P->Params = std::move(S); }
 const std::optional<TensorFact> &LayoutAnalysis::returnFact() const { return P->Returned; }
+const TensorFact *LayoutAnalysis::returnFieldFact(const FieldDecl *F) const {
+  auto It = P->ReturnedFields.find(F);
+  return It == P->ReturnedFields.end() ? nullptr : &It->second;
+}
 const SymTable &LayoutAnalysis::symbols() const { return P->ST; }
 
 const TensorFact *LayoutAnalysis::factOf(const Expr *E) const {
@@ -1586,6 +1720,17 @@ std::string LayoutAnalysis::formatShape(llvm::ArrayRef<Mono> Sizes) {
     R += (I ? ", " : "") + std::to_string(Sizes[I].Num);
   }
   return R + "]";
+}
+
+std::string LayoutAnalysis::assumption(const ViewQuery &Q) {
+  std::string R = assumption(Q.Input);
+  if (!Q.MinRank)
+    return R;
+  std::string Rank = std::to_string(Q.MinRank) + " or more dimensions";
+  if (R.empty())
+    return " (assuming the input has " + Rank + ": with fewer, the new shape is its own)";
+  R.pop_back();
+  return R + ", and has " + Rank + ": with fewer, the new shape is its own)";
 }
 
 std::string LayoutAnalysis::assumption(const TensorFact &F) {

@@ -137,6 +137,9 @@ struct ViewQuery {
   /// The input's fact and the requested shape (when known).
   TensorFact Input;
   std::optional<Shape> NewSizes;
+  /// Decided for an input of unknown rank taken to have at least this many
+  /// dims (Note [no-op at the smallest rank]); 0: at every rank.
+  int MinRank = 0;
 };
 
 /// Whether a may-alias op (`contiguous`, `to`, `cpu`, `cuda`, `float`...)
@@ -173,7 +176,11 @@ struct ParamFact {
   std::optional<llvm::SmallVector<std::optional<std::int64_t>, 4>> Sizes;
   TensorFact::DeviceKind Device = TensorFact::AnyDevice;
   bool DeviceRuntime = false;
-  bool says() const { return Sizes || Device != TensorFact::AnyDevice; }
+  /// Some call passes a tensor whose rank its caller knows, whatever its
+  /// layout: the rank is not the reader's guess (Note [no-op at the smallest
+  /// rank]).
+  bool RankShown = false;
+  bool says() const { return Sizes || Device != TensorFact::AnyDevice || RankShown; }
 };
 using ParamFacts = llvm::DenseMap<const ParmVarDecl *, ParamFact>;
 
@@ -202,6 +209,8 @@ public:
   /// The join of the facts of every tensor the function returns, sizes and
   /// strides normalised (symbols of this analysis); none if it returns none.
   const std::optional<TensorFact> &returnFact() const;
+  /// The join of field F of every struct the function returns, as returnFact.
+  const TensorFact *returnFieldFact(const FieldDecl *F) const;
   /// The table the symbols of returnFact() live in.
   const SymTable &symbols() const;
 
@@ -220,6 +229,8 @@ public:
   static std::string formatBytes(std::int64_t Bytes);
   /// "[2, 3]" when every size is a constant, else "".
   static std::string formatShape(llvm::ArrayRef<Mono> Sizes);
+  /// assumption(Q.Input), and the rank Q.MinRank assumes.
+  static std::string assumption(const ViewQuery &Q);
   /// "; assuming 'x' is contiguous, as nearly all tensors are" when F rests
   /// on an input taken as contiguous, else "".
   static std::string assumption(const TensorFact &F);

@@ -106,6 +106,7 @@ public:
   llvm::DenseMap<const CallExpr *, ConversionQuery> Conversions;
   LayoutAnalysis::CalleeFn Callees;
   std::optional<TensorFact> Returned;
+  llvm::DenseMap<const FieldDecl *, TensorFact> ReturnedFields; // of a returned struct
   DeviceFacts *DeviceVars = nullptr; // what device variables hold (null: run-time values)
   FixedLocals Locals; // structResultOf's and the factories' locals
   LayoutClassFacts *Classes = nullptr; // the TU's memo (OwnClasses when none is set)
@@ -149,12 +150,18 @@ public:
   TensorFact rnnOutput(const Expr *E, const CallExpr *Rnn, State &S);
   TensorFact importFact(const TensorFact &F, const CallExpr *Call, const FunctionDecl *FD,
                         const SymTable &From, State &S);
+  bool withArgumentSizes(TensorFact &R, const TensorFact &F, const TensorFact &A);
   std::optional<Mono> bindCalleeSymbol(const CallExpr *Call, const FunctionDecl *FD, const void *K,
                                        std::int64_t I, State &S);
   std::optional<Mono> sizeAt(const TensorFact &F, std::optional<std::int64_t> D);
   void recordReturn(const ReturnStmt *RS, State &S);
+  void recordReturnedFields(const Expr *V, State &S);
+  TensorFact normalised(TensorFact F) const;
+  std::optional<TensorFact> structField(const Expr *E, const FieldDecl *F, State &S,
+                                        int Depth = 0);
+  std::optional<TensorFact> calleeField(const CallExpr *Call, const FieldDecl *F, State &S);
   std::optional<Mono> evalSizeQuery(const Expr *E, State &S);
-  std::optional<ShapeArg> shapeArg(const Expr *E, State &S);
+  std::optional<ShapeArg> shapeArg(const Expr *E, State &S, bool Expand = false);
   std::optional<Shape> inferShape(const ShapeArg &A, const TensorFact &Self, const void *Key);
 
   // Op handlers, one per family (dispatched by name in applyOp).
@@ -163,6 +170,7 @@ public:
   TensorFact factory(const OpCall &C);
   TensorFact unlistedMaker(const OpCall &C);
   std::optional<Shape> joinedShape(const OpCall &C);
+  void identifyStacked(const OpCall &C);
   bool isSizesOfTensor(const Expr *E) const;
   std::optional<Shape> sizesArg(const OpCall &C);
   TensorFact reshapeOp(const OpCall &C);
@@ -197,6 +205,7 @@ public:
     R.ElemSize = Self.ElemSize;
     R.DType = Self.DType;
     R.DTypeAssumed = Self.DTypeAssumed;
+    R.IntegerNamed = Self.IntegerNamed;
     R.FloatingOp = Self.FloatingOp;
     R.WholeValues = Self.WholeValues;
     inheritDevice(R, Self);
@@ -254,7 +263,10 @@ public:
   ViewQuery decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
                        const std::optional<Shape> &NewShape, Shape &NewStride);
   std::optional<Shape> shapeAtRank(const TensorFact &In, const ShapeArg &New, const Shape &Sz);
-  std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New);
+  std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New,
+                                               int &MinRank);
+  bool sameSizes(llvm::ArrayRef<Mono> A, llvm::ArrayRef<Mono> B) const;
+  bool rankShown(const void *Src) const;
   TensorFact sliceAlong(const OpCall &C, std::int64_t D, size_t First);
   Mono sliceLength(const OpCall &C, const Mono &Len, size_t First, std::int64_t Step);
   void sliceSpan(const OpCall &C, TensorFact &R, std::int64_t D, const Mono &Len, size_t First);
@@ -265,7 +277,8 @@ public:
   ConversionTarget targetOf(const OpCall &C);
   std::optional<Shape> broadcast(const Shape &A, const Shape &B) const;
   TensorFact elementwise(const OpCall &C);
-  void denseFromExpanded(TensorFact &R);
+  void denseLike(TensorFact &R);
+  bool hasGaps(llvm::ArrayRef<Mono> Sizes, llvm::ArrayRef<Mono> Strides);
   void libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call, const TensorFact &In,
                            TensorFact &F);
   TensorFact mixedLayout(const TensorFact &Self, const TensorFact &O);

@@ -484,10 +484,15 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
     Q.Certain = !In.Assumed && AllConst(*In.Sizes) && AllConst(*In.Strides) && AllConst(*NewShape);
     if (Q.Certain)
       Q.Bytes = LayoutAnalysis::bytesOf(In);
+  } else if (In.Sizes && New &&
+             tooFewDimsForChunks(countChunks(ST, *In.Sizes, *In.Strides), New->Sizes)) {
+    // A new shape whose sizes the analysis cannot relate to the input's
+    // (`view({n * per, -1})` of an expanded embedding): the chunks tell.
+    Q.Result = ViewQuery::NotViewable;
   } else if (In.Contig == TensorFact::Yes) {
     Q.Result = ViewQuery::Viewable;
   } else if (!In.Sizes && In.SwapA >= 0 && New) {
-    Q.Result = decideUnknownRank(In, *New).value_or(ViewQuery::Unknown);
+    Q.Result = decideUnknownRank(In, *New, Q.MinRank).value_or(ViewQuery::Unknown);
   } else if (!In.Sizes && New && tooFewDimsForChunks(In.MinChunks, New->Sizes)) {
     Q.Result = ViewQuery::NotViewable;
   }
@@ -501,7 +506,7 @@ std::optional<Shape> LayoutAnalysis::Impl::shapeAtRank(const TensorFact &In, con
                                                        const Shape &Sz) {
   Shape NS = New.Sizes;
   for (Mono &M : NS) // `x.size(-1)`: x's last dim at this rank
-    if (M == ST.sym(In.Src, kLastDim))
+    if (ST.eq(M, ST.sym(In.Src, kLastDim)) == Cmp::EQ)
       M = Sz.back();
   Mono Numel = ST.product(Sz);
   if (New.Infer < 0)
@@ -518,10 +523,21 @@ std::optional<Shape> LayoutAnalysis::Impl::shapeAtRank(const TensorFact &In, con
 }
 
 // A contiguous tensor of unknown rank with two dims swapped: decide for each
-// rank the new shape fits; when its sizes are unrelated, count chunks.
+// rank the new shape fits; when its sizes are unrelated, count chunks. Note
+// [no-op at the smallest rank]: a shape that is the input's own at the
+// smallest rank and a copy at every rank above says the code expects more
+// dims (`lstm_out.transpose(0, 1).flatten(1)`); MinRank says how many.
 std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorFact &In,
-                                                                   const ShapeArg &New) {
-  std::optional<Viewability> Verdict;
+                                                                   const ShapeArg &New,
+                                                                   int &MinRank) {
+  // A literal 1 where a swapped dim lands (`o.transpose(1, 2).reshape({B, 1,
+  // -1})` of one decoding step) says that dim has size 1, as withBatchOfOne
+  // reads a leading 1: the swap may move nothing.
+  auto UnitAt = [&](int D) { return D < (int)New.Sizes.size() && New.Sizes[D].isConst(1); };
+  if (UnitAt(In.SwapA) || UnitAt(In.SwapB))
+    return std::nullopt;
+  std::optional<Viewability> Smallest, Above;
+  bool NoOp = false;
   for (int Rank = In.SwapB + 1; In.Src && Rank <= In.SwapB + 4; ++Rank) {
     Shape Sz;
     for (int K = 0; K < Rank; ++K)
@@ -534,14 +550,41 @@ std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorF
       continue; // not this rank
     Shape NSt;
     Viewability V = computeStride(ST, Sz, St, *NS, NSt);
-    if (V == Viewability::Unknown || (Verdict && *Verdict != V))
+    if (V == Viewability::Unknown || (Above && *Above != V))
       return std::nullopt;
-    Verdict = V;
+    if (Smallest) {
+      Above = V;
+      continue;
+    }
+    Smallest = V;
+    NoOp = sameSizes(*NS, Sz);
+    MinRank = Rank + 1;
   }
-  if (!Verdict && !In.UnitDims &&
-      tooFewDimsForChunks(chunksAfterSwap(In.SwapA, In.SwapB), New.Sizes))
-    Verdict = Viewability::NotViewable;
-  return Verdict;
+  if (Smallest && Above && *Above != *Smallest && NoOp && *Above == Viewability::NotViewable &&
+      !rankShown(In.Src))
+    return Above;
+  MinRank = 0;
+  if (Smallest)
+    return Above && *Above != *Smallest ? std::nullopt : Smallest;
+  if (!In.UnitDims && tooFewDimsForChunks(chunksAfterSwap(In.SwapA, In.SwapB), New.Sizes))
+    return Viewability::NotViewable;
+  return std::nullopt;
+}
+
+// Src is a parameter some call passes a tensor of known rank: the callers
+// say which ranks it takes, and a no-op at the smallest is no evidence.
+bool LayoutAnalysis::Impl::rankShown(const void *Src) const {
+  auto It = Params.find(static_cast<const ParmVarDecl *>(Src));
+  return It != Params.end() && It->second.RankShown;
+}
+
+bool LayoutAnalysis::Impl::sameSizes(llvm::ArrayRef<Mono> A, llvm::ArrayRef<Mono> B) const {
+  if (A.size() != B.size())
+    return false;
+  for (size_t I = 0; I < A.size(); ++I)
+    if (ST.eq(A[I], B[I]) != Cmp::EQ)
+      return false;
+  return true;
 }
 
 //===----------------------------------------------------------------------===//
@@ -696,8 +739,11 @@ TensorFact LayoutAnalysis::Impl::sliceOp(const OpCall &C) {
 static bool dropsPartOfDim(const OpCall &C, size_t First, const ASTContext &Ctx) {
   if (C.Name == "select")
     return true;
-  std::optional<std::int64_t> Start = C.arg(First) ? constInt(C.arg(First), Ctx) : std::nullopt;
-  return Start && *Start > 0;
+  const Expr *S = C.arg(First);
+  std::optional<std::int64_t> Start = S ? constInt(S, Ctx) : std::nullopt;
+  // A run-time start (`ctx.narrow(1, cfg.hdim, cfg.cdim)`) is > 0 by the
+  // defaults (Note [Generic symbols]): the slice leaves out what precedes it.
+  return Start ? *Start > 0 : S && isIntExpr(S->IgnoreImpCasts());
 }
 
 // select / narrow / slice along dim D; Arg0 is the index of the dim argument.
@@ -891,7 +937,7 @@ std::optional<Shape> LayoutAnalysis::Impl::rankedSizes(const TensorFact &Self, s
 // unknown rank is taken at self's rank, its size-1 dims broadcast to sizes > 1.
 std::optional<Shape> LayoutAnalysis::Impl::expandTarget(const OpCall &C) {
   if (C.Name == "expand") {
-    if (auto A = shapeArg(C.arg(0), C.S))
+    if (auto A = shapeArg(C.arg(0), C.S, /*Expand=*/true))
       return A->Sizes; // -1 stays -1: keep that dim
     return std::nullopt;
   }
@@ -1020,10 +1066,11 @@ static bool hasStrideZero(const TensorFact &F) {
 
 TensorFact LayoutAnalysis::Impl::cloneOp(const OpCall &C) {
   // preserve_format keeps the strides of a dense tensor; an expanded one
-  // comes back contiguous.
+  // comes back contiguous, one with gaps dense (Note [dense results]).
   TensorFact R = C.Self; // same sizes: Src (their identity) stays
   if (hasStrideZero(C.Self))
     setContiguous(R, *C.Self.Sizes);
+  denseLike(R);
   if (const Expr *Fmt = C.arg(0); Fmt && !dtypeIn(Fmt).Size) {
     const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(Fmt));
     if (DRE && DRE->getDecl()->getName() == "Contiguous") {
@@ -1105,11 +1152,14 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
                  : Self.Device == TensorFact::AnyDevice ? Unsure
                  : Self.Device == T.Device              ? Keeps
                                                         : Changes;
-  // `actions.to(kFloat)`: integer data by its name, float32 only by default.
-  bool IntegerInput = Self.DTypeAssumed && Self.IntegerNamed && isFloatingDType(T.DType.Name);
-  auto DTypePart = !T.DType.Size                ? Keeps
-                   : Self.DType.empty()         ? Unsure
-                   : IntegerInput               ? Changes
+  // `actions.to(kFloat)`: integer data by its name, float32 only by default;
+  // to int64 (`labels.to(kLong)`) it may well be int64 already.
+  bool IntegerNamed = Self.DTypeAssumed && Self.IntegerNamed;
+  bool IntegerInput = IntegerNamed && isFloatingDType(T.DType.Name);
+  auto DTypePart = !T.DType.Size                            ? Keeps
+                   : Self.DType.empty()                     ? Unsure
+                   : IntegerInput                           ? Changes
+                   : IntegerNamed && T.DType.Name == "Long" ? Unsure
                    : Self.DType == T.DType.Name ? Keeps
                                                 : Changes;
   if (Recording) {
@@ -1224,12 +1274,16 @@ TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
   return R;
 }
 
-// The result of an op that computes from an expanded self: TensorIterator
-// skips stride-0 dims when it orders the output's (reorder_dimensions), so
-// the output is contiguous when self's other strides are in order, as for
-// `arange(n).unsqueeze(0).expand({b, n}).clamp_min(0)`; else not followed.
-void LayoutAnalysis::Impl::denseFromExpanded(TensorFact &R) {
-  if (!hasStrideZero(R))
+// Note [dense results]
+// The layout PyTorch allocates for a result like R (TensorIterator's
+// reorder_dimensions, empty_like's infer_dense_strides): R's own strides when
+// R is non-overlapping and dense (a transpose), else dense in the order of
+// R's strides, stride-0 dims skipped. So `raw.narrow(2, 5, 4).exp()` and
+// `arange(n).unsqueeze(0).expand({b, n}).clamp_min(0)` are contiguous; an
+// order the strides do not decide is not followed.
+void LayoutAnalysis::Impl::denseLike(TensorFact &R) {
+  if (!R.Sizes || !R.Strides || R.Contig == TensorFact::Yes ||
+      (!hasStrideZero(R) && !hasGaps(*R.Sizes, *R.Strides)))
     return;
   std::optional<Mono> Prev;
   for (const Mono &St : *R.Strides) {
@@ -1244,6 +1298,32 @@ void LayoutAnalysis::Impl::denseFromExpanded(TensorFact &R) {
   setContiguous(R, *R.Sizes);
 }
 
+// Strides that leave gaps between elements (a narrow, a step): ordered
+// innermost first, each stride is not the one before times its size. False
+// where a comparison cannot be decided.
+bool LayoutAnalysis::Impl::hasGaps(llvm::ArrayRef<Mono> Sizes, llvm::ArrayRef<Mono> Strides) {
+  llvm::SmallVector<std::pair<Mono, Mono>, 6> Dims; // (stride, size), size > 1
+  for (size_t I = 0; I < Sizes.size(); ++I)
+    if (!Sizes[I].isConst(1))
+      Dims.push_back({Strides[I], Sizes[I]});
+  for (size_t I = 1; I < Dims.size(); ++I) // insertion sort by stride, ascending
+    for (size_t J = I; J > 0; --J) {
+      Cmp C = ST.cmp(Dims[J - 1].first, Dims[J].first);
+      if (C == Cmp::Unknown || C == Cmp::NE)
+        return false;
+      if (C != Cmp::GT)
+        break;
+      std::swap(Dims[J - 1], Dims[J]);
+    }
+  Mono Next = Mono::constant(1);
+  for (const auto &[St, Sz] : Dims) {
+    if (ST.eq(St, Next) != Cmp::EQ)
+      return ST.cmp(St, Next) == Cmp::GT;
+    Next = ST.mul(St, Sz);
+  }
+  return false;
+}
+
 // Ops whose result has self's sizes though the table makes it contiguous.
 static bool keepsShape(llvm::StringRef Name) {
   return llvm::StringSwitch<bool>(Name)
@@ -1256,7 +1336,7 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
   TensorFact R = C.Self;
   if (C.Op->storage == sem::Storage::Fresh)
     R.Src = C.Call;
-  denseFromExpanded(R);
+  denseLike(R);
   std::optional<TensorFact> Mixed;
   for (const Expr *A : C.Args) {
     if (!Model.isTensorExpr(A))
@@ -1426,6 +1506,7 @@ TensorFact LayoutAnalysis::Impl::byLayout(const OpCall &C) {
       R.Src = C.Call;
       if (hasStrideZero(R))
         setContiguous(R, *R.Sizes);
+      denseLike(R);
       if (DTypeName D = dtypeIn(C.Call); D.Size) {
         R.DType = D.Name;
         R.ElemSize = D.Size;

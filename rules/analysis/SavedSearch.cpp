@@ -138,7 +138,7 @@ const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const 
 SavedBy returnedSaver(const TensorModel &Model, const Expr *Def, CalleeGrads Callees,
                       unsigned Depth) {
   const auto *Call = dyn_cast_or_null<CallExpr>(Def ? Model.viewRoot(Def) : nullptr);
-  const FunctionDecl *FD = Call ? readableCallee(Call->getDirectCallee()) : nullptr;
+  const FunctionDecl *FD = Call ? readableBodyOf(Call) : nullptr;
   if (!FD || Depth >= 2)
     return {};
   const GradFacts *G = Callees(FD);

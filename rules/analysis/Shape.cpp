@@ -71,6 +71,13 @@ Mono SymTable::divSize(const Mono &A, const Mono &B, const void *Key) {
   return Q;
 }
 
+void SymTable::identify(const void *K, std::int64_t I, const Mono &M) {
+  const unsigned S = sym(K, I).Pow[0].first;
+  auto Mentions = [&](auto P) { return P.first == S; };
+  if (!M.Top && !Subst.count(S) && llvm::none_of(norm(M).Pow, Mentions))
+    Subst[S] = M;
+}
+
 Mono SymTable::import(const Mono &M, const void *Key, const SymTable &From, BindFn Bind) {
   if (M.Top)
     return M;

@@ -55,6 +55,9 @@ public:
   /// A / B for a size: when B does not divide A and A is one run-time symbol
   /// S, S is refined to B * H with H fresh (keyed by Key).
   Mono divSize(const Mono &A, const Mono &B, const void *Key);
+  /// The symbol (K, I) stands for M (a stacked tensor's dim is its
+  /// element's); a symbol already refined keeps its refinement.
+  void identify(const void *K, std::int64_t I, const Mono &M);
   /// A / B when it is a size (a positive monomial), without refining.
   std::optional<Mono> exactQuotient(const Mono &A, const Mono &B) const;
   Mono norm(const Mono &M) const;

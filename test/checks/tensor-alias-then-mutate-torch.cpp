@@ -289,3 +289,11 @@ torch::Tensor broadcastGrid(const torch::Tensor &slots, const torch::Tensor &pos
   z.add_(pos);
   return z;
 }
+
+// Integer data by its name may be int64 already: to(kLong) may return it.
+torch::Tensor maskedTargets(const torch::Tensor &logits, const torch::Tensor &labels, int64_t T) {
+  auto targets = labels.narrow(1, 1, T - 1).to(torch::kLong);
+  targets.masked_fill_(targets.eq(-100), 0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: in-place 'masked_fill_' on 'targets' may also change 'labels': 'to' returns its input, not a copy, when it can
+  return logits.narrow(1, 0, T - 1).gather(2, targets.unsqueeze(-1));
+}

@@ -538,3 +538,20 @@ void layersStep(Layers &net, torch::optim::Optimizer &opt, const Tensor &x, cons
   loss.backward();
   opt.step();
 }
+
+// A holder's call `decoder(x)` runs the forward of the module it holds: its
+// result is what that forward returns, saved by tanh.
+struct SdfHeadImpl : torch::nn::Module {
+  torch::nn::Linear head{nullptr};
+  SdfHeadImpl() { head = register_module("head", torch::nn::Linear(4, 1)); }
+  torch::Tensor forward(const torch::Tensor &h) { return torch::tanh(head(h)); }
+};
+TORCH_MODULE(SdfHead);
+torch::Tensor sdfStep(SdfHead &decoder, const torch::Tensor &x, const torch::Tensor &y) {
+  auto pred = decoder(x);
+  pred.clamp_(-0.1, 0.1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: error: in-place 'clamp_' on 'pred', which 'tanh' saved for backward (its result)
+  auto loss = torch::nn::functional::l1_loss(pred, y);
+  loss.backward();
+  return loss;
+}

@@ -43,7 +43,9 @@ torch::Tensor nchwToRows(const torch::Tensor &x) {
 
 torch::Tensor lstmOut(torch::nn::LSTM &lstm, const torch::Tensor &x) {
   auto out = std::get<0>(lstm->forward(x));
-  auto swapped = out.transpose(0, 1).flatten(1); // a 2-D output would make this a no-op
+  // Note [no-op at the smallest rank]: a no-op on a 2-D output, so meant for 3-D.
+  auto swapped = out.transpose(0, 1).flatten(1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:38: warning: 'flatten' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming the result of 'std::get<0>(lstm->forward(x))' is contiguous, as nearly all tensors are, and has 3 or more dimensions: with fewer, the new shape is its own)
   return out.transpose(1, 2).flatten(1);
   // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'flatten' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming the result of 'std::get<0>(lstm->forward(x))' is contiguous
 }
@@ -168,11 +170,13 @@ torch::Tensor flowInfer(const torch::Tensor &spect, const torch::Tensor &w, int6
 
 // Unknown rank: `x.size(-1)` is x's last dim at each rank tried (a copy at
 // every one here). A reshape that is a no-op at rank 2 and a copy above it is
-// undecided (the input may be a matrix), as the LSTM output above.
+// meant for 3 dims or more, as the LSTM output above; one that fits rank 2
+// only is a no-op.
 torch::Tensor timeMajorRows(const torch::Tensor &feats, const torch::Tensor &images) {
   auto rows = feats.transpose(0, 1).reshape({-1, feats.size(-1)});
   // CHECK-MESSAGES: :[[@LINE-1]]:37: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
   auto spread = images.transpose(0, 1).reshape({images.size(1), -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:40: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming 'images' is contiguous, as nearly all tensors are, and has 3 or more dimensions: with fewer, the new shape is its own)
   auto same = feats.transpose(0, 1).reshape({feats.size(1), feats.size(0)}); // fits rank 2 only
   return rows.sum() + spread.sum() + same.sum();
 }
@@ -316,4 +320,70 @@ torch::Tensor localChunks(const torch::Tensor &x) {
   for (const auto &p : parts)
     total = p.permute({0, 2, 3, 1}).reshape({-1, p.size(1)});
   return total;
+}
+
+// Note [stacked symbols]: a stack of tensors of unknown rank has their dims
+// after the list's length; `a.size(1)` says a has two dims at least.
+torch::Tensor interleave(const torch::Tensor &a, const torch::Tensor &p, const torch::Tensor &n) {
+  const auto T = a.size(1);
+  return torch::stack({a, p, n}).transpose(0, 1).reshape({-1, T});
+  // CHECK-MESSAGES: :[[@LINE-1]]:50: warning: 'reshape' silently copies the non-contiguous result of 'transpose'
+}
+torch::Tensor interleaveDim1(const torch::Tensor &a, const torch::Tensor &p) {
+  const auto T = a.size(1);
+  return torch::stack({a, p}, 1).reshape({-1, T}); // stacked along dim 1: contiguous
+}
+torch::Tensor pairs(const torch::Tensor &z1, const torch::Tensor &z2) {
+  return torch::stack({z1, z2}).transpose(0, 1).reshape({z1.size(0), -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:49: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming the result of 'torch::stack({z1, z2})' is contiguous, as nearly all tensors are, and has 3 or more dimensions: with fewer, the new shape is its own)
+}
+
+// A literal 1 where a swapped dim lands says that dim has size 1 (one
+// decoding step, [B, H, 1, D]): no claim.
+torch::Tensor mergeStep(const torch::Tensor &o, int64_t batch) {
+  return o.transpose(1, 2).reshape({batch, 1, -1});
+}
+
+// A helper's result with its parameter's sizes has the argument's sizes at
+// the call: the [B, H, 1, D] query stays one, so the swap moves a size-1 dim.
+static torch::Tensor rotate(const torch::Tensor &q) {
+  auto r = q.clone();
+  r.mul_(2.0);
+  return r;
+}
+torch::Tensor stepOut(const torch::Tensor &x, const torch::Tensor &s, int64_t h, int64_t d) {
+  const auto b = x.size(0);
+  auto q = rotate(x.view({b, 1, h, d}).transpose(1, 2));
+  return q.matmul(s).transpose(1, 2).reshape({b, -1});
+}
+
+// Note [dense results]: an op on a tensor with gaps allocates a dense one.
+torch::Tensor stdRows(torch::nn::Linear &proj, const torch::Tensor &h) {
+  const int64_t B = h.size(0);
+  auto raw = proj(h).view({B, 3, 9});
+  return raw.narrow(2, 5, 4).exp().reshape({B, -1}) + raw.narrow(2, 1, 4).clone().reshape({B, -1});
+}
+
+// A struct's field holds what the function that made it returns there.
+struct LmOut {
+  torch::Tensor logits, hidden;
+};
+struct LmImpl : torch::nn::Module {
+  torch::nn::LSTM lstm{nullptr};
+  LmImpl() {
+    lstm = register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(4, 8).batch_first(true)));
+  }
+  LmOut forward(const torch::Tensor &x) {
+    auto h = std::get<0>(lstm->forward(x));
+    LmOut o;
+    o.hidden = h;
+    o.logits = torch::ones({2, 8});
+    return o;
+  }
+};
+TORCH_MODULE(Lm);
+torch::Tensor lmKeys(Lm &lm, const torch::Tensor &x) {
+  auto out = lm->forward(x);
+  return out.hidden.reshape({-1, out.hidden.size(-1)}) + out.logits.reshape({-1, 8});
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'reshape' silently copies the non-contiguous result of 'batch_first LSTM'
 }

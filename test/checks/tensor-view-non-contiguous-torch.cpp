@@ -348,3 +348,44 @@ torch::Tensor pooledFeatures(torch::nn::Linear &model, const torch::Tensor &x) {
   // CHECK-MESSAGES: :[[@LINE-1]]:44: warning: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1
   return global.transpose(1, 2).view({x.size(0), -1}) + perWindow;
 }
+
+// A struct's field holds what the function that made it returns there, through
+// a forward that returns another module's struct. An op on a tensor with gaps
+// allocates a dense result (Note [dense results]).
+struct Mixture {
+  torch::Tensor logits, means, stds;
+};
+struct MixtureHeadImpl : torch::nn::Module {
+  torch::nn::Linear proj{nullptr};
+  MixtureHeadImpl() { proj = register_module("proj", torch::nn::Linear(8, 27)); }
+  Mixture forward(const torch::Tensor &h) {
+    const int64_t B = h.size(0);
+    auto raw = proj(h).view({B, 3, 9});
+    return {raw.select(2, 0), raw.narrow(2, 1, 4), raw.narrow(2, 5, 4).exp()};
+  }
+};
+TORCH_MODULE(MixtureHead);
+struct MixturePolicyImpl : torch::nn::Module {
+  MixtureHead head;
+  Mixture forward(const torch::Tensor &obs) { return head->forward(obs); }
+};
+TORCH_MODULE(MixturePolicy);
+torch::Tensor mixtureRows(MixturePolicy &policy, const torch::Tensor &obs) {
+  auto out = policy->forward(obs);
+  const int64_t B = obs.size(0);
+  auto means = out.means.view({B, -1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:26: warning: 'view' on the non-contiguous result of 'narrow' throws at run time unless the dimensions it merges have size 1
+  auto stds = out.stds.view({B, -1});
+  return torch::cat({means, stds}, 1);
+}
+
+// expand keeps a dim for each -1, any number of them; the chunks of the
+// expanded tensor decide a new shape whose sizes cannot be related to it.
+torch::Tensor repeatCodes(torch::nn::Embedding &codes, const torch::Tensor &idx,
+                          const torch::Tensor &samples) {
+  const auto shapes = samples.size(0), per = samples.size(1);
+  auto lat = codes(idx);
+  auto kept = lat.unsqueeze(1).expand({-1, per, -1}).view({shapes, per, -1}); // splits only
+  return lat.unsqueeze(1).expand({-1, per, -1}).view({shapes * per, -1}) + kept.sum();
+  // CHECK-MESSAGES: :[[@LINE-1]]:49: warning: 'view' on the non-contiguous result of 'expand' throws at run time unless the dimensions it merges have size 1
+}
