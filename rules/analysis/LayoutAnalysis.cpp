@@ -26,7 +26,8 @@ bool TensorFact::operator==(const TensorFact &O) const {
          HasDims == O.HasDims && ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
          DeviceRuntime == O.DeviceRuntime && Throws == O.Throws && FloatingOp == O.FloatingOp &&
          WholeValues == O.WholeValues && SwapA == O.SwapA &&
-         SwapB == O.SwapB && UnitDims == O.UnitDims && MinChunks == O.MinChunks && Src == O.Src &&
+         SwapB == O.SwapB && UnitDims == O.UnitDims && NarrowDim == O.NarrowDim &&
+         NarrowLen == O.NarrowLen && MinChunks == O.MinChunks && Src == O.Src &&
          Origin == O.Origin && OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
          BroadcastAssumed == O.BroadcastAssumed && ExpandCall == O.ExpandCall && Root == O.Root &&
          SliceDim == O.SliceDim && Lo == O.Lo && Hi == O.Hi;
@@ -707,7 +708,7 @@ void LayoutAnalysis::Impl::identifyStacked(const OpCall &C) {
   if (!D || *D < 0 || *D > 8 || Es.empty())
     return;
   TensorFact E = evalTensor(Es.front(), C.S);
-  if (E.Sizes || !E.Src || E.SwapA >= 0 || E.UnitDims)
+  if (E.Sizes || !E.Src || E.SwapA >= 0 || E.UnitDims || E.NarrowDim >= 0)
     return;
   const Mono Count = Mono::constant((std::int64_t)Es.size());
   for (std::int64_t K = 0; K <= 8; ++K)
@@ -968,7 +969,7 @@ bool LayoutAnalysis::Impl::withArgumentSizes(TensorFact &R, const TensorFact &F,
       A.Sizes) {
     setContiguous(R, *A.Sizes);
     R.Assumed = A.Assumed;
-  } else if (A.Src && !A.Sizes && A.SwapA < 0 && !A.UnitDims) {
+  } else if (A.Src && !A.Sizes && A.SwapA < 0 && !A.UnitDims && A.NarrowDim < 0) {
     R.Src = A.Src;
   }
   return true;
@@ -1134,13 +1135,15 @@ std::optional<Mono> LayoutAnalysis::Impl::sizeAt(const TensorFact &F,
   if (F.Sizes) {
     if (auto N = normDim(D, F.Sizes->size()))
       return (*F.Sizes)[*N];
+  } else if (D && F.NarrowDim >= 0 && *D == F.NarrowDim) {
+    return F.NarrowLen;
   } else if (D && *D >= 0) {
     std::int64_t K = *D == F.SwapA ? F.SwapB : *D == F.SwapB ? F.SwapA : *D;
     if (K < 32 && (F.UnitDims >> K) & 1)
       return Mono::constant(1); // `x.unsqueeze(1).size(1)`, whatever x's sizes
     if (F.Src)
       return ST.sym(F.Src, K + 1);
-  } else if (D == -1 && F.Src && F.SwapA < 0) {
+  } else if (D == -1 && F.Src && F.SwapA < 0 && F.NarrowDim < 0) {
     return ST.sym(F.Src, kLastDim); // named by rank in decideUnknownRank
   }
   return std::nullopt;

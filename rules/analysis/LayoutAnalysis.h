@@ -81,6 +81,10 @@ struct TensorFact {
   int SwapA = -1, SwapB = -1;
   /// Unknown rank: dims known to have size 1 (bit i: dim i, from unsqueeze).
   std::uint32_t UnitDims = 0;
+  /// Unknown rank: a narrow of a contiguous tensor (sizes Src's) along this
+  /// dim to NarrowLen elements, strides Src's contiguous ones; -1 when none.
+  int NarrowDim = -1;
+  Mono NarrowLen;
   /// Unknown sizes: a view can merge no fewer runs of dims than this, at any
   /// rank (the overlapping windows of `unfold`); 0 when not known.
   int MinChunks = 0;

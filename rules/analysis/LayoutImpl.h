@@ -246,6 +246,7 @@ public:
     F.Strides = std::move(Strides);
     F.SwapA = F.SwapB = -1;
     F.UnitDims = 0;
+    F.NarrowDim = -1;
   }
   void setContiguous(TensorFact &F, const Shape &Sizes) {
     setLayout(F, Sizes, contiguousStrides(ST, Sizes));
@@ -262,9 +263,14 @@ public:
                          std::optional<Viewability> Decided = std::nullopt);
   ViewQuery decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
                        const std::optional<Shape> &NewShape, Shape &NewStride);
-  std::optional<Shape> shapeAtRank(const TensorFact &In, const ShapeArg &New, const Shape &Sz);
+  std::optional<Shape> shapeAtRank(const TensorFact &In, const ShapeArg &New, const Shape &Source,
+                                   const Shape &Sz);
   std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New,
                                                int &MinRank);
+  std::optional<Shape> unknownRankLayout(const TensorFact &In, const ShapeArg &New, int Rank,
+                                         Shape &Sz, Shape &St);
+  void narrowedUnranked(const OpCall &C, const TensorFact &Self, std::int64_t D, size_t First,
+                        TensorFact &R);
   bool sameSizes(llvm::ArrayRef<Mono> A, llvm::ArrayRef<Mono> B) const;
   bool rankShown(const void *Src) const;
   TensorFact sliceAlong(const OpCall &C, std::int64_t D, size_t First);
@@ -277,7 +283,8 @@ public:
   ConversionTarget targetOf(const OpCall &C);
   std::optional<Shape> broadcast(const Shape &A, const Shape &B) const;
   TensorFact elementwise(const OpCall &C);
-  void denseLike(TensorFact &R);
+  void denseLike(TensorFact &R, const void *Key);
+  void renameUnranked(TensorFact &R, const void *Key);
   bool hasGaps(llvm::ArrayRef<Mono> Sizes, llvm::ArrayRef<Mono> Strides);
   void libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call, const TensorFact &In,
                            TensorFact &F);

@@ -382,7 +382,9 @@ std::optional<ShapeArg> LayoutAnalysis::Impl::flattenShape(const TensorFact &Sel
   ShapeArg A;
   for (std::int64_t K = 0; K < Start; ++K) {
     std::int64_t D = K == Self.SwapA ? Self.SwapB : K == Self.SwapB ? Self.SwapA : K;
-    A.Sizes.push_back((Self.UnitDims >> D) & 1 ? Mono::constant(1) : ST.sym(Self.Src, D + 1));
+    A.Sizes.push_back((Self.UnitDims >> D) & 1 ? Mono::constant(1)
+                      : D == Self.NarrowDim    ? Self.NarrowLen
+                                               : ST.sym(Self.Src, D + 1));
   }
   A.Infer = (int)A.Sizes.size();
   A.Sizes.push_back(Mono::constant(-1));
@@ -491,7 +493,7 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
     Q.Result = ViewQuery::NotViewable;
   } else if (In.Contig == TensorFact::Yes) {
     Q.Result = ViewQuery::Viewable;
-  } else if (!In.Sizes && In.SwapA >= 0 && New) {
+  } else if (!In.Sizes && (In.SwapA >= 0 || In.NarrowDim >= 0) && New) {
     Q.Result = decideUnknownRank(In, *New, Q.MinRank).value_or(ViewQuery::Unknown);
   } else if (!In.Sizes && New && tooFewDimsForChunks(In.MinChunks, New->Sizes)) {
     Q.Result = ViewQuery::NotViewable;
@@ -499,15 +501,16 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
   return Q;
 }
 
-// New's sizes at one rank of an unknown-rank input, Sz its sizes before the
-// swap: `x.size(-1)` named, `-1` inferred from Swapped's element count;
-// nullopt when the shape does not fit that rank.
+// New's sizes at one rank of an unknown-rank input whose source has sizes
+// Source there and which has sizes Sz (before a swap): `x.size(-1)` named
+// after the source, `-1` inferred from Sz's element count; nullopt when the
+// shape does not fit that rank.
 std::optional<Shape> LayoutAnalysis::Impl::shapeAtRank(const TensorFact &In, const ShapeArg &New,
-                                                       const Shape &Sz) {
+                                                       const Shape &Source, const Shape &Sz) {
   Shape NS = New.Sizes;
-  for (Mono &M : NS) // `x.size(-1)`: x's last dim at this rank
+  for (Mono &M : NS) // `x.size(-1)`: the source's last dim at this rank
     if (ST.eq(M, ST.sym(In.Src, kLastDim)) == Cmp::EQ)
-      M = Sz.back();
+      M = Source.back();
   Mono Numel = ST.product(Sz);
   if (New.Infer < 0)
     return ST.eq(ST.product(NS), Numel) == Cmp::EQ ? std::optional<Shape>(NS) : std::nullopt;
@@ -522,11 +525,12 @@ std::optional<Shape> LayoutAnalysis::Impl::shapeAtRank(const TensorFact &In, con
   return NS;
 }
 
-// A contiguous tensor of unknown rank with two dims swapped: decide for each
-// rank the new shape fits; when its sizes are unrelated, count chunks. Note
-// [no-op at the smallest rank]: a shape that is the input's own at the
-// smallest rank and a copy at every rank above says the code expects more
-// dims (`lstm_out.transpose(0, 1).flatten(1)`); MinRank says how many.
+// A contiguous tensor of unknown rank with two dims swapped, or narrowed
+// along one: decide for each rank the new shape fits (unknownRankLayout);
+// when its sizes are unrelated, count chunks. Note [no-op at the smallest
+// rank]: a shape that is the input's own at the smallest rank and a copy at
+// every rank above says the code expects more dims
+// (`lstm_out.transpose(0, 1).flatten(1)`); MinRank says how many.
 std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorFact &In,
                                                                    const ShapeArg &New,
                                                                    int &MinRank) {
@@ -534,18 +538,14 @@ std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorF
   // -1})` of one decoding step) says that dim has size 1, as withBatchOfOne
   // reads a leading 1: the swap may move nothing.
   auto UnitAt = [&](int D) { return D < (int)New.Sizes.size() && New.Sizes[D].isConst(1); };
-  if (UnitAt(In.SwapA) || UnitAt(In.SwapB))
+  if (In.SwapA >= 0 && (UnitAt(In.SwapA) || UnitAt(In.SwapB)))
     return std::nullopt;
   std::optional<Viewability> Smallest, Above;
   bool NoOp = false;
-  for (int Rank = In.SwapB + 1; In.Src && Rank <= In.SwapB + 4; ++Rank) {
-    Shape Sz;
-    for (int K = 0; K < Rank; ++K)
-      Sz.push_back((In.UnitDims >> K) & 1 ? Mono::constant(1) : ST.sym(In.Src, K + 1));
-    Shape St = contiguousStrides(ST, Sz);
-    std::optional<Shape> NS = shapeAtRank(In, New, Sz);
-    std::swap(Sz[In.SwapA], Sz[In.SwapB]);
-    std::swap(St[In.SwapA], St[In.SwapB]);
+  const int Low = std::max(In.SwapB, In.NarrowDim) + 1;
+  for (int Rank = Low; In.Src && Rank <= Low + 3; ++Rank) {
+    Shape Sz, St;
+    std::optional<Shape> NS = unknownRankLayout(In, New, Rank, Sz, St);
     if (!NS)
       continue; // not this rank
     Shape NSt;
@@ -566,9 +566,29 @@ std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorF
   MinRank = 0;
   if (Smallest)
     return Above && *Above != *Smallest ? std::nullopt : Smallest;
-  if (!In.UnitDims && tooFewDimsForChunks(chunksAfterSwap(In.SwapA, In.SwapB), New.Sizes))
+  if (In.SwapA >= 0 && !In.UnitDims &&
+      tooFewDimsForChunks(chunksAfterSwap(In.SwapA, In.SwapB), New.Sizes))
     return Viewability::NotViewable;
   return std::nullopt;
+}
+
+// In's sizes and strides at one rank (its source's, swapped or narrowed as
+// In is), and New's sizes there; nullopt when New does not fit that rank.
+std::optional<Shape> LayoutAnalysis::Impl::unknownRankLayout(const TensorFact &In,
+                                                             const ShapeArg &New, int Rank,
+                                                             Shape &Sz, Shape &St) {
+  for (int K = 0; K < Rank; ++K)
+    Sz.push_back((In.UnitDims >> K) & 1 ? Mono::constant(1) : ST.sym(In.Src, K + 1));
+  St = contiguousStrides(ST, Sz);
+  const Shape Source = Sz;
+  if (In.NarrowDim >= 0)
+    Sz[In.NarrowDim] = In.NarrowLen;
+  std::optional<Shape> NS = shapeAtRank(In, New, Source, Sz);
+  if (In.SwapA >= 0) {
+    std::swap(Sz[In.SwapA], Sz[In.SwapB]);
+    std::swap(St[In.SwapA], St[In.SwapB]);
+  }
+  return NS;
 }
 
 // Src is a parameter some call passes a tensor of known rank: the callers
@@ -607,8 +627,8 @@ TensorFact LayoutAnalysis::Impl::contiguousOp(const OpCall &C) {
   R.Assumed = false;
   if (C.Self.Sizes)
     setContiguous(R, *C.Self.Sizes);
+  renameUnranked(R, C.Call);
   R.Contig = TensorFact::Yes;
-  R.SwapA = R.SwapB = -1;
   derived(R, C.Self, C);
   return R;
 }
@@ -746,6 +766,18 @@ static bool dropsPartOfDim(const OpCall &C, size_t First, const ASTContext &Ctx)
   return Start ? *Start > 0 : S && isIntExpr(S->IgnoreImpCasts());
 }
 
+// `seq.narrow(1, 1, T - 1)` of a contiguous tensor of unknown rank: its
+// source's sizes and strides but for dim D (decideUnknownRank).
+void LayoutAnalysis::Impl::narrowedUnranked(const OpCall &C, const TensorFact &Self,
+                                            std::int64_t D, size_t First, TensorFact &R) {
+  if (C.Name != "narrow" || !Self.Src || Self.SwapA >= 0 || Self.UnitDims ||
+      Self.NarrowDim >= 0 || D > 8 || !C.arg(First + 1))
+    return;
+  R.Src = Self.Src;
+  R.NarrowDim = (int)D;
+  R.NarrowLen = evalInt(C.arg(First + 1), C.S);
+}
+
 // select / narrow / slice along dim D; Arg0 is the index of the dim argument.
 TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, size_t First) {
   const TensorFact &Self = C.Self;
@@ -759,6 +791,7 @@ TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, siz
       R.Contig = TensorFact::No; // dim 0 (size > 1) keeps its stride over the rest
       R.Assumed = true;
       R.AssumedSource = Self.AssumedSource;
+      narrowedUnranked(C, Self, D, First, R);
       derived(R, Self, C);
     } else if (D != 0 || Step != 1 || Self.Contig != TensorFact::Yes) {
       R = unknownLike(Self);
@@ -1070,7 +1103,7 @@ TensorFact LayoutAnalysis::Impl::cloneOp(const OpCall &C) {
   TensorFact R = C.Self; // same sizes: Src (their identity) stays
   if (hasStrideZero(C.Self))
     setContiguous(R, *C.Self.Sizes);
-  denseLike(R);
+  denseLike(R, C.Call);
   if (const Expr *Fmt = C.arg(0); Fmt && !dtypeIn(Fmt).Size) {
     const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(Fmt));
     if (DRE && DRE->getDecl()->getName() == "Contiguous") {
@@ -1281,7 +1314,12 @@ TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
 // R's strides, stride-0 dims skipped. So `raw.narrow(2, 5, 4).exp()` and
 // `arange(n).unsqueeze(0).expand({b, n}).clamp_min(0)` are contiguous; an
 // order the strides do not decide is not followed.
-void LayoutAnalysis::Impl::denseLike(TensorFact &R) {
+void LayoutAnalysis::Impl::denseLike(TensorFact &R, const void *Key) {
+  if (!R.Sizes && R.NarrowDim >= 0) { // strides in order: contiguous
+    R.Contig = TensorFact::Yes;
+    renameUnranked(R, Key);
+    return;
+  }
   if (!R.Sizes || !R.Strides || R.Contig == TensorFact::Yes ||
       (!hasStrideZero(R) && !hasGaps(*R.Sizes, *R.Strides)))
     return;
@@ -1296,6 +1334,23 @@ void LayoutAnalysis::Impl::denseLike(TensorFact &R) {
     Prev = St;
   }
   setContiguous(R, *R.Sizes);
+}
+
+// R, of unknown rank with dims swapped or narrowed from its source, made
+// contiguous: its sizes get a new identity (Key), each dim identified with
+// the size it had (SymTable::identify), so `x.transpose(0, 1).contiguous()`
+// keeps x's sizes in their new order.
+void LayoutAnalysis::Impl::renameUnranked(TensorFact &R, const void *Key) {
+  if (R.Sizes || (R.SwapA < 0 && R.NarrowDim < 0))
+    return;
+  if (R.Src)
+    for (int K = 0; K < 8; ++K) {
+      const int From = K == R.SwapA ? R.SwapB : K == R.SwapB ? R.SwapA : K;
+      if (!((R.UnitDims >> K) & 1))
+        ST.identify(Key, K + 1, K == R.NarrowDim ? R.NarrowLen : ST.sym(R.Src, From + 1));
+    }
+  R.Src = R.Src ? Key : nullptr;
+  R.SwapA = R.SwapB = R.NarrowDim = -1;
 }
 
 // Strides that leave gaps between elements (a narrow, a step): ordered
@@ -1336,7 +1391,7 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
   TensorFact R = C.Self;
   if (C.Op->storage == sem::Storage::Fresh)
     R.Src = C.Call;
-  denseLike(R);
+  denseLike(R, C.Call);
   std::optional<TensorFact> Mixed;
   for (const Expr *A : C.Args) {
     if (!Model.isTensorExpr(A))
@@ -1506,7 +1561,7 @@ TensorFact LayoutAnalysis::Impl::byLayout(const OpCall &C) {
       R.Src = C.Call;
       if (hasStrideZero(R))
         setContiguous(R, *R.Sizes);
-      denseLike(R);
+      denseLike(R, C.Call);
       if (DTypeName D = dtypeIn(C.Call); D.Size) {
         R.DType = D.Name;
         R.ElemSize = D.Size;

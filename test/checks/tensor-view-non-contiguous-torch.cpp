@@ -389,3 +389,15 @@ torch::Tensor repeatCodes(torch::nn::Embedding &codes, const torch::Tensor &idx,
   return lat.unsqueeze(1).expand({-1, per, -1}).view({shapes * per, -1}) + kept.sum();
   // CHECK-MESSAGES: :[[@LINE-1]]:49: warning: 'view' on the non-contiguous result of 'expand' throws at run time unless the dimensions it merges have size 1
 }
+
+// A narrow of a tensor of unknown rank keeps its source's strides: dropping
+// the first step of every sequence and merging the rest throws at any rank
+// where `seq.size(-1)` is the last dim. An op on it, or contiguous(), gives a
+// dense tensor (Note [dense results]).
+torch::Tensor laterSteps(const torch::Tensor &seq) {
+  const auto T = seq.size(1), V = seq.size(-1);
+  auto later = seq.narrow(1, 1, T - 1);
+  auto dense = later.exp().view({-1, V}) + later.contiguous().view({-1, V});
+  return later.view({-1, V}) + dense;
+  // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'view' on the non-contiguous result of 'narrow' throws at run time unless the dimensions it merges have size 1 (assuming 'seq' is contiguous, as nearly all tensors are)
+}
