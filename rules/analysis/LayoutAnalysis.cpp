@@ -1049,12 +1049,7 @@ TensorFact LayoutAnalysis::Impl::normalised(TensorFact F) const {
 // callee returns in F; none when none of these says.
 std::optional<TensorFact> LayoutAnalysis::Impl::structField(const Expr *E, const FieldDecl *F,
                                                             State &S, int Depth) {
-  E = E ? E->IgnoreImplicit() : nullptr;
-  if (const auto *FC = dyn_cast_or_null<CXXFunctionalCastExpr>(E)) // `Out{a, b}`
-    E = FC->getSubExpr()->IgnoreImplicit();
-  if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E);
-      CE && CE->getNumArgs() == 1 && CE->getConstructor()->isCopyOrMoveConstructor())
-    E = CE->getArg(0)->IgnoreImplicit();
+  E = stripHandle(E); // `Out{a, b}`, copies and temporaries
   if (!E || Depth > 4)
     return std::nullopt;
   // A local's braced initialiser was evaluated where it stood, not here.
@@ -1726,14 +1721,15 @@ std::string LayoutAnalysis::formatShape(llvm::ArrayRef<Mono> Sizes) {
 }
 
 std::string LayoutAnalysis::assumption(const ViewQuery &Q) {
-  std::string R = assumption(Q.Input);
+  bool Contiguous = Q.Input.Assumed && !Q.Input.AssumedSource.empty();
   if (!Q.MinRank)
-    return R;
-  std::string Rank = std::to_string(Q.MinRank) + " or more dimensions";
-  if (R.empty())
-    return " (assuming the input has " + Rank + ": with fewer, the new shape is its own)";
-  R.pop_back();
-  return R + ", and has " + Rank + ": with fewer, the new shape is its own)";
+    return assumption(Q.Input);
+  std::string Rank = std::to_string(Q.MinRank) + " or more dimensions: with fewer, the new "
+                                                  "shape is its own)";
+  if (!Contiguous)
+    return " (assuming the input has " + Rank;
+  return " (assuming " + Q.Input.AssumedSource + " is contiguous, as nearly all tensors are, " +
+         "and has " + Rank;
 }
 
 std::string LayoutAnalysis::assumption(const TensorFact &F) {
