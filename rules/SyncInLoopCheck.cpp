@@ -92,17 +92,54 @@ bool runsStep(const Stmt *S) {
   return isStep(S) || llvm::any_of(S->children(), runsStep);
 }
 
-// S holds a loop of steps outside lambdas.
+// `err.max().item<double>()`: a value read to the host, outside lambdas.
+bool readsHost(const Stmt *S) {
+  if (!S || isa<LambdaExpr>(S))
+    return false;
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(S);
+  const CXXMethodDecl *MD = MC ? MC->getMethodDecl() : nullptr;
+  const CXXRecordDecl *RD = MD ? MD->getParent() : nullptr;
+  if (MD && MD->getIdentifier() && MD->getName() == "item" && RD->getIdentifier() &&
+      llvm::is_contained({"Tensor", "TensorBase"}, RD->getName()))
+    return true;
+  return llvm::any_of(S->children(), readsHost);
+}
+
+bool leavesLoop(const Stmt *S) {
+  if (!S || isa<LambdaExpr>(S) || isLoop(S))
+    return false;
+  return isa<BreakStmt, ReturnStmt>(S) || llvm::any_of(S->children(), leavesLoop);
+}
+
+// S, in a loop, stops it on a value read from the device: an iterative
+// solver's convergence test (`if (err.max().item<double>() < tol) break;`).
+bool testsConvergence(const Stmt *S) {
+  if (!S || isa<LambdaExpr>(S) || isLoop(S))
+    return false;
+  if (const auto *If = dyn_cast<IfStmt>(S); If && readsHost(If->getCond()) &&
+                                            leavesLoop(If->getThen()))
+    return true;
+  return llvm::any_of(S->children(), testsConvergence);
+}
+
+// A loop of steps, or a solver's loop that waits for the device every pass
+// to test convergence: a sync beside it is one per pass.
+bool isPassLoop(const Stmt *Loop) {
+  return runsStep(Loop) || testsConvergence(loopBody(Loop)) ||
+         (isa<WhileStmt>(Loop) && readsHost(cast<WhileStmt>(Loop)->getCond()));
+}
+
+// S holds such a loop outside lambdas.
 bool hasStepLoop(const Stmt *S) {
   if (!S || isa<LambdaExpr>(S))
     return false;
   if (isLoop(S))
-    return runsStep(S);
+    return isPassLoop(S);
   return llvm::any_of(S->children(), hasStepLoop);
 }
 
-// Call runs a function of the TU whose body holds a loop of steps (a tiled
-// inference, an epoch helper): one level deep.
+// Call runs a function of the TU whose body holds a pass loop (a tiled
+// inference, an epoch helper, a solver): one level deep.
 bool callsStepLoop(const Stmt *S) {
   const auto *Call = dyn_cast<CallExpr>(S);
   const FunctionDecl *FD = Call && !isStep(Call) ? Call->getDirectCallee() : nullptr;
@@ -119,10 +156,10 @@ bool makesStepItself(const Stmt *S) {
   return isStep(S) || llvm::any_of(S->children(), makesStepItself);
 }
 
-// Loop runs a loop of steps beside the sync (`for (epoch) { for (batch) {...}
+// Loop runs a pass loop beside the sync (`for (epoch) { for (batch) {...}
 // log(loss.item()); }`), itself or, when it makes no step itself, in a
-// function it calls (a tiled inference per image): the sync waits once per
-// pass over the data, not per step.
+// function it calls (a tiled inference per image, a solver per chunk): the
+// sync waits once per pass over the data, not per step.
 bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
   bool OwnSteps = makesStepItself(loopBody(Loop));
   llvm::SmallVector<const Stmt *, 32> Work{loopBody(Loop)};
@@ -131,7 +168,7 @@ bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
     if (!S || isa<LambdaExpr>(S))
       continue;
     if (isLoop(S) && !contains(S, Sync)) {
-      if (runsStep(S))
+      if (isPassLoop(S))
         return true;
       continue;
     }

@@ -240,30 +240,118 @@ void UnnecessaryCloneCheck::check(const MatchFinder::MatchResult &Result) {
   // clone(memory_format) changes the layout: not a plain copy.
   if (llvm::any_of(Call->arguments(), [](const Expr *A) { return !isa<CXXDefaultArgExpr>(A); }))
     return;
-  std::optional<CloneDecl> C = cloneDecl(Call, Ctx);
   // A loop-invariant clone in a loop belongs to tensor-clone-in-loop.
-  if (!C || CloneInLoopCheck::reportedCopy(Call, Model, Ctx) || !Reported.first(reportLoc(Call)))
+  if (CloneInLoopCheck::reportedCopy(Call, Model, Ctx) || reportChained(Call, Ctx))
     return;
-  if (!C->Rest.empty())
+  std::optional<CloneDecl> C = cloneDecl(Call, Ctx);
+  if (C && !C->Rest.empty())
     if (std::optional<InPlaceUse> U = inPlaceStatement(C->Rest.front(), C->V);
         U && (namedSource(Call->getImplicitObjectArgument()) ||
               llvm::none_of(U->ArgExprs, [&](const Expr *A) { return mentions(A, C->V); })) &&
-        !Call->getBeginLoc().isMacroID()) {
-      reportInPlaceFirst(*C, C->Rest.front(), Ctx);
+        !Call->getBeginLoc().isMacroID() && !integerSource(Call, Ctx)) {
+      if (Reported.first(reportLoc(Call)))
+        reportInPlaceFirst(*C, C->Rest.front(), Ctx);
       return;
     }
-  reportUnneeded(*C, Ctx);
+  if (freshSourceOp(Call)) {
+    if (!Call->getBeginLoc().isMacroID() && Reported.first(reportLoc(Call)))
+      reportFreshSource(Call, Ctx);
+    return;
+  }
+  if (C && Reported.first(reportLoc(Call)))
+    reportUnneeded(*C, Ctx);
+}
+
+// An integer copy stays integer in place; the out-of-place op may promote.
+bool UnnecessaryCloneCheck::integerSource(const CXXMemberCallExpr *Clone, ASTContext &Ctx) {
+  const LayoutAnalysis *Lay = AnalysisManager::get(Model, Ctx).layoutAt(Clone);
+  const TensorFact *Kind = Lay ? Lay->factOf(Clone->getImplicitObjectArgument()) : nullptr;
+  return Kind && !Kind->DTypeAssumed && !Kind->DType.empty() &&
+         !llvm::is_contained({"Float", "Double", "Half", "BFloat16"}, Kind->DType);
+}
+
+// `x.clone().add_(y)`: an in-place op with an out-of-place twin rewrites the
+// copy no variable holds, at once.
+bool UnnecessaryCloneCheck::reportChained(const CXXMemberCallExpr *Clone, ASTContext &Ctx) {
+  auto ParentOf = [&](const Stmt *S) {
+    DynTypedNodeList Ps = Ctx.getParents(*S);
+    return Ps.empty() ? nullptr : Ps[0].get<Stmt>();
+  };
+  const Stmt *P = ParentOf(Clone);
+  while (isa_and_nonnull<ImplicitCastExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr>(P))
+    P = ParentOf(P);
+  const auto *ME = dyn_cast_or_null<MemberExpr>(P);
+  const auto *Use = ME ? dyn_cast_or_null<CXXMemberCallExpr>(ParentOf(ME)) : nullptr;
+  const CXXMethodDecl *MD = Use ? Use->getMethodDecl() : nullptr;
+  if (!MD || !MD->getIdentifier() || outOfPlaceOf(MD->getName()).empty())
+    return false;
+  if (!Clone->getBeginLoc().isMacroID() && !inTemplateInstantiation(Clone, Ctx) &&
+      !integerSource(Clone, Ctx) && Reported.first(reportLoc(Clone)))
+    reportOnTemporary(Clone, Use, Ctx);
+  return true;
+}
+
+// `t.argmax(0).clone()`: the op of the table whose fresh result is copied, a
+// tensor nothing else holds.
+const sem::OpInfo *UnnecessaryCloneCheck::freshSourceOp(const CXXMemberCallExpr *Clone) const {
+  const auto *Src = dyn_cast<CallExpr>(stripHandle(Clone->getImplicitObjectArgument()));
+  const sem::OpInfo *Op = Src ? Model.opOf(Src) : nullptr;
+  return Op && Op->storage == sem::Storage::Fresh ? Op : nullptr;
+}
+
+Finding UnnecessaryCloneCheck::temporaryFinding(const CXXMemberCallExpr *Clone, FixKind Fix,
+                                                Fact Why, const SourceManager &SM) const {
+  Finding F;
+  F.Check = getID().str();
+  F.Hazard = HazardKind::UnneededCopy;
+  F.Where = SourcePoint::at(reportLoc(Clone), SM);
+  F.Op = F.Where;
+  F.OpName = "clone";
+  F.Origin = F.Where;
+  F.Fix = Fix;
+  F.Facts.push_back(Why);
+  return F;
+}
+
+void UnnecessaryCloneCheck::reportOnTemporary(const CXXMemberCallExpr *Clone,
+                                              const CXXMemberCallExpr *InPlace, ASTContext &Ctx) {
+  StringRef Src = textOf(Clone->getImplicitObjectArgument()->getSourceRange(), Ctx);
+  StringRef Op = InPlace->getMethodDecl()->getName();
+  std::string Out = outOfPlaceOf(Op);
+  const auto *ME = cast<MemberExpr>(InPlace->getCallee());
+  auto D = diag(reportLoc(Clone),
+                "'clone' copies '%0', then '%1' rewrites the copy in place at once: two "
+                "passes over the data where the out-of-place op makes the same tensor in one; "
+                "use '%2'")
+           << (Src.size() <= 40 ? Src.str() : std::string("the tensor")) << Op.str()
+           << (Src.size() <= 40 ? Src.str() + "." + Out + "(...)" : Out);
+  bool Fixable = !Src.empty() && !ME->getMemberLoc().isMacroID();
+  if (Fixable)
+    D << FixItHint::CreateReplacement(
+        CharSourceRange::getTokenRange(Clone->getBeginLoc(), ME->getMemberLoc()),
+        Src.str() + "." + Out);
+  emitFinding(temporaryFinding(Clone, Fixable ? FixKind::OutOfPlaceOnSource : FixKind::None,
+                               Fact::FirstUseInPlace, Ctx.getSourceManager()));
+}
+
+void UnnecessaryCloneCheck::reportFreshSource(const CXXMemberCallExpr *Clone, ASTContext &Ctx) {
+  const Expr *Obj = Clone->getImplicitObjectArgument();
+  StringRef Src = textOf(Obj->getSourceRange(), Ctx);
+  const sem::OpInfo *Op = freshSourceOp(Clone);
+  auto D = diag(reportLoc(Clone),
+                "'clone' copies the fresh result of '%0', which nothing else holds: the copy "
+                "(an allocation and a pass over memory) buys nothing; drop '.clone()'")
+           << std::string(Op->name);
+  bool Fixable = !Src.empty();
+  if (Fixable)
+    D << FixItHint::CreateReplacement(Clone->getSourceRange(), Src.str());
+  emitFinding(temporaryFinding(Clone, Fixable ? FixKind::UseSource : FixKind::None,
+                               Fact::FreshSource, Ctx.getSourceManager()));
 }
 
 void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *First,
                                                ASTContext &Ctx) {
   std::optional<InPlaceUse> U = inPlaceStatement(First, C.V);
-  const LayoutAnalysis *Lay = AnalysisManager::get(Model, Ctx).layoutAt(C.Call);
-  const TensorFact *Kind = Lay ? Lay->factOf(C.Call->getImplicitObjectArgument()) : nullptr;
-  // An integer copy stays integer in place; the out-of-place op may promote.
-  if (Kind && !Kind->DTypeAssumed && !Kind->DType.empty() &&
-      !llvm::is_contained({"Float", "Double", "Half", "BFloat16"}, Kind->DType))
-    return;
   const SourceManager &SM = Ctx.getSourceManager();
   StringRef Src = textOf(C.Call->getImplicitObjectArgument()->getSourceRange(), Ctx);
   // Arguments naming the copy name the source instead (a named source only).

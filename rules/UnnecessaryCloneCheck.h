@@ -29,6 +29,14 @@ public:
 private:
   void reportInPlaceFirst(const CloneDecl &C, const Stmt *First, ASTContext &Ctx);
   void reportUnneeded(const CloneDecl &C, ASTContext &Ctx);
+  bool reportChained(const CXXMemberCallExpr *Clone, ASTContext &Ctx);
+  const sem::OpInfo *freshSourceOp(const CXXMemberCallExpr *Clone) const;
+  void reportOnTemporary(const CXXMemberCallExpr *Clone, const CXXMemberCallExpr *InPlace,
+                         ASTContext &Ctx);
+  void reportFreshSource(const CXXMemberCallExpr *Clone, ASTContext &Ctx);
+  bool integerSource(const CXXMemberCallExpr *Clone, ASTContext &Ctx);
+  Finding temporaryFinding(const CXXMemberCallExpr *Clone, FixKind Fix, Fact Why,
+                           const SourceManager &SM) const;
   ReportedOnce Reported;
 };
 

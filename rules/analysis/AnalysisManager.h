@@ -39,6 +39,8 @@ public:
   /// What the autograd facts read off the TU's classes (layer methods,
   /// parameter and leaf fields), memoised for the whole TU.
   GradClassFacts &gradClasses() { return GradClasses; }
+  /// Where the main file calls each function (built on first use).
+  CallSites &calls();
 
 private:
   /// The analysis of S's function in Slots, made by Make(FD) on first use.
@@ -70,7 +72,6 @@ private:
   /// The call at S's I-th argument when it requires grad there; null when
   /// grad mode is off at S; none when it may not require grad.
   std::optional<const Expr *> gradArgument(const CallSites::Site &S, unsigned I);
-  CallSites &calls();
   const FrozenParameters &frozen();
 
   const TensorModel &Model;

@@ -1,5 +1,6 @@
 #include "analysis/DeviceFacts.h"
 
+#include "analysis/AnalysisManager.h"
 #include "analysis/AstHelpers.h"
 
 #include "clang/AST/DeclCXX.h"
@@ -138,6 +139,8 @@ DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const Functi
 }
 
 DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) {
+  if (const auto *P = dyn_cast<ParmVarDecl>(V); P && IsDevice)
+    return ofDeviceParam(P, Depth);
   // Parameters, loop variables and globals someone else sets: not shown here.
   if (isa<ParmVarDecl>(V) || !V->getInit() ||
       (V->hasGlobalStorage() && !V->getType().isConstQualified()))
@@ -264,6 +267,31 @@ DeviceKnown DeviceFacts::ofField(const FieldDecl *F, unsigned Depth) {
   return FieldKnown[F] = D;
 }
 
+DeviceKnown DeviceFacts::ofDeviceParam(const ParmVarDecl *P, unsigned Depth) {
+  const auto *FD = dyn_cast<FunctionDecl>(P->getDeclContext());
+  if (!FD || Assigned.count(P) || Depth > kMaxHops)
+    return DeviceKnown::Unknown;
+  if (auto It = ParamKnown.find(P); It != ParamKnown.end())
+    return It->second;
+  ParamKnown[P] = DeviceKnown::Unknown; // a chain of calls back to FD
+  AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
+  std::optional<llvm::ArrayRef<CallSites::Site>> Sites = AM.calls().of(FD);
+  const unsigned I = P->getFunctionScopeIndex();
+  if (!Sites || Sites->empty())
+    return DeviceKnown::Unknown;
+  std::optional<DeviceKnown> D;
+  for (const CallSites::Site &S : *Sites) {
+    // An operator call passes the object first: its arguments are not shifted here.
+    DeviceFacts *Caller = isa<CXXOperatorCallExpr>(S.Call) || I >= S.Call->getNumArgs()
+                              ? nullptr
+                              : AM.devicesAt(S.Call);
+    DeviceKnown K = Caller ? Caller->deviceNamed(S.Call->getArg(I), Depth + 1)
+                           : DeviceKnown::Unknown;
+    D = D ? meet(*D, K) : K;
+  }
+  return ParamKnown[P] = *D;
+}
+
 DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
   if (!E)
     return DeviceKnown::Unknown;
@@ -318,9 +346,11 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
 DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth) {
   DeviceKnown Best = DeviceKnown::Unknown;
   for (const Expr *A : C->arguments()) {
+    // `sample_batch(data, n, device)`: a call given a device computes there.
     DeviceKnown D = Model.isTensorExpr(A) || Model.isTensorVectorType(A->getType())
                         ? deviceOf(A, Depth)
                     : Model.isTensorListType(A->getType()) ? ofListArgument(A, Depth)
+                    : isDeviceLikeType(A->getType())       ? deviceNamed(A, Depth)
                                                            : ofStructArgument(A, Depth);
     if (onCUDA(D) && Best != DeviceKnown::CUDA)
       Best = D;

@@ -46,6 +46,9 @@ private:
   /// An assignment to V within S, outside Except.
   bool assignsWithin(const VarDecl *V, const Stmt *S, const Stmt *Except = nullptr) const;
   DeviceKnown ofField(const FieldDecl *F, unsigned Depth);
+  /// A device parameter the body never assigns: what every call of its
+  /// function passes (`train(model, data, device)` from main).
+  DeviceKnown ofDeviceParam(const ParmVarDecl *P, unsigned Depth);
   /// A module member of a plain class (not itself a module) that every
   /// constructor moves to CUDA and no other method moves: CUDA; memoised.
   DeviceKnown ofModuleMember(const FieldDecl *F, unsigned Depth);
@@ -99,6 +102,7 @@ private:
   CutState Cut;
   /// ofField's answers (Unknown while in progress: a field set from itself).
   llvm::DenseMap<const FieldDecl *, DeviceKnown> FieldKnown;
+  llvm::DenseMap<const ParmVarDecl *, DeviceKnown> ParamKnown; // ofDeviceParam's answers
   llvm::DenseMap<const FunctionDecl *, bool> HostMovers;
   llvm::DenseMap<const FieldDecl *, DeviceKnown> ModuleMembers;
 };

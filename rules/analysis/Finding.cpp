@@ -83,6 +83,7 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::NotDifferentiated, "not-differentiated-later"},
     {Fact::FirstUseInPlace, "first-use-in-place"},
     {Fact::CopyOnlyRead, "copy-only-read"},
+    {Fact::FreshSource, "fresh-source"},
     {Fact::DeviceCUDA, "device-cuda"},
     {Fact::DeviceCUDAIfAvailable, "device-cuda-if-available"},
 };

@@ -99,6 +99,7 @@ enum class Fact {
   NotDifferentiated,  // nothing differentiates the accumulation afterwards
   FirstUseInPlace,       // the copy's first use is an in-place op with an out-of-place form
   CopyOnlyRead,          // neither the copy nor its source is written while the copy lives
+  FreshSource,           // the copied tensor is an op's fresh result that nothing else holds
   DeviceCUDA,            // the tensor is on CUDA, as the code shows
   DeviceCUDAIfAvailable, // on CUDA whenever the machine has one (is_available() ? kCUDA : kCPU)
 };

@@ -172,6 +172,44 @@ bool isParameterField(const FieldDecl *F) {
   return isRegisteredParameter(F);
 }
 
+// S registers a parameter or a submodule, or asks for grad.
+static bool mayMakeParameters(const Stmt *S) {
+  if (const auto *C = dyn_cast_or_null<CallExpr>(S))
+    if (const FunctionDecl *F = C->getDirectCallee(); F && F->getIdentifier() &&
+        llvm::StringSwitch<bool>(F->getName())
+            .Cases("register_parameter", "register_module", "requires_grad", true)
+            .Cases("requires_grad_", "set_requires_grad", true)
+            .Default(false))
+      return true;
+  return S && llvm::any_of(S->children(), mayMakeParameters);
+}
+
+static bool isTorchModuleBase(const CXXRecordDecl *RD) {
+  return RD && RD->getIdentifier() && inNamespacePath(RD, "torch::nn::") &&
+         (RD->getName() == "Module" || RD->getName() == "Cloneable");
+}
+
+bool isBufferOnlyModule(const CXXRecordDecl *RD) {
+  RD = RD ? RD->getDefinition() : nullptr;
+  if (!RD || !isModuleRecord(RD) || isTensorLibraryCode(RD))
+    return false;
+  for (const CXXBaseSpecifier &B : RD->bases()) // a user base may hold parameters
+    if (!isTorchModuleBase(B.getType()->getAsCXXRecordDecl()))
+      return false;
+  if (llvm::any_of(RD->fields(),
+                   [](const FieldDecl *F) { return isModuleHolderType(F->getType()); }))
+    return false;
+  return llvm::none_of(RD->methods(), [](const CXXMethodDecl *M) {
+    const auto *Ctor = dyn_cast<CXXConstructorDecl>(M);
+    if (Ctor && llvm::any_of(Ctor->inits(), [](const CXXCtorInitializer *I) {
+          return mayMakeParameters(I->getInit());
+        }))
+      return true;
+    const FunctionDecl *Def = nullptr;
+    return M->hasBody(Def) && mayMakeParameters(Def->getBody());
+  });
+}
+
 bool isUserLayerMethod(const CXXMemberCallExpr *Call) {
   const CXXMethodDecl *M = Call->getMethodDecl();
   const FunctionDecl *Def = nullptr;
@@ -189,6 +227,13 @@ static bool returnsUnderNoGrad(const CXXMemberCallExpr *Call) {
   return !Returns.empty() && llvm::all_of(Returns, [&](const ReturnStmt *R) {
     return isUnderNoGrad(R, Def->getBody());
   });
+}
+
+bool GradClassFacts::bufferOnlyModule(const CXXRecordDecl *RD) {
+  auto [It, New] = BufferOnly.try_emplace(RD, false);
+  if (New)
+    It->second = isBufferOnlyModule(RD);
+  return It->second;
 }
 
 GradClassFacts::LayerMethod GradClassFacts::layerMethod(const CXXMemberCallExpr *Call) {
@@ -242,6 +287,8 @@ struct GradFacts::Impl {
   // The vectors whose values combineInputs is evaluating (`v.push_back(cat(v))`).
   mutable llvm::DenseSet<const VarDecl *> ListsInProgress;
   GradFact evalCalleeResult(const CallExpr *Call, const State &St) const;
+  GradFact forwardResult(const CallExpr *Call, QualType Module, const CXXMethodDecl *Forward,
+                         const State &St) const;
   Tri bundleRequiresGrad(const Expr *V, const State &St) const;
   void recordReturn(const ReturnStmt *RS, const State &St);
   GradFact evalRequiresGradCall(const CXXMemberCallExpr *Call, const State &St) const;
@@ -408,6 +455,19 @@ GradFact GradFacts::Impl::evalCalleeResult(const CallExpr *Call, const State &St
   return {};
 }
 
+// `m->forward(x)` / `m(x)`: a layer's output; a parameter-free library
+// module's follows its input, a buffer-only module's what its body makes.
+GradFact GradFacts::Impl::forwardResult(const CallExpr *Call, QualType Module,
+                                        const CXXMethodDecl *Forward, const State &St) const {
+  if (isParameterFreeModule(Module))
+    return combineInputs(Call, St);
+  if (!G.gradEnabledAt(Call))
+    return {GradKind::NoGrad, nullptr};
+  if (Forward && G.Classes->bufferOnlyModule(Forward->getParent()))
+    return evalCalleeResult(Call, St);
+  return {GradKind::NonLeaf, Call};
+}
+
 void GradFacts::Impl::recordFieldAssign(const CXXOperatorCallExpr *OC, const State &St) {
   const auto *ME = dyn_cast<MemberExpr>(OC->getArg(0)->IgnoreParenImpCasts());
   const VarDecl *V = ME && !ME->isArrow() ? varOf(ME->getBase()) : nullptr;
@@ -531,9 +591,7 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
           .Default(false))
     return frozen(Obj) ? GradFact{} : GradFact{GradKind::Leaf, Call};
   if (N == "forward" && isModuleRecord(M->getParent()))
-    return isParameterFreeModule(Obj->getType())
-               ? combineInputs(Call, St)
-               : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
+    return forwardResult(Call, Obj->getType(), M, St);
   // `decode(z)`, or `observe(obs)` returning a struct of tensors (`out.kl`).
   if (Model.isTensorExpr(Call) || Model.isTensorStruct(Call->getType()))
     if (auto L = layerMethod(Call); L != GradClassFacts::LayerMethod::No)
@@ -567,9 +625,7 @@ GradFact GradFacts::Impl::evalCall(const CallExpr *Call, const State &St) const 
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Call)) {
     OverloadedOperatorKind K = OC->getOperator();
     if (isModuleCall(OC))
-      return isParameterFreeModule(OC->getArg(0)->getType())
-                 ? combineInputs(Call, St)
-                 : GradFact{G.gradEnabledAt(Call) ? GradKind::NonLeaf : GradKind::NoGrad, Call};
+      return forwardResult(Call, OC->getArg(0)->getType(), holderForward(Call), St);
     bool Access = K == OO_Arrow || K == OO_Subscript || (K == OO_Star && OC->getNumArgs() == 1);
     if (Access && !Model.isTensorExpr(OC->getArg(0))) {
       // `*it`, `it->`, `params[i]`: elements of a container of parameters,

@@ -35,6 +35,12 @@ bool isUserLayerMethod(const CXXMemberCallExpr *Call);
 /// parameter.
 bool isParameterField(const FieldDecl *F);
 
+/// A module class of the user's holding no parameters: none registered, no
+/// submodule, no module field, nothing set to require grad (an EMA codebook
+/// of buffers). Its forward's result requires grad only as its body makes it
+/// from the arguments.
+bool isBufferOnlyModule(const CXXRecordDecl *RD);
+
 class FrozenParameters;
 
 /// What the autograd facts read off the TU's classes: the same from every
@@ -48,6 +54,8 @@ public:
   LayerMethod layerMethod(const CXXMemberCallExpr *Call);
   /// isParameterField.
   bool parameterField(const FieldDecl *F);
+  /// isBufferOnlyModule.
+  bool bufferOnlyModule(const CXXRecordDecl *RD);
   /// Fields its class only ever sets to leaves that require grad; GradFacts
   /// fills it, since deciding that evaluates the values.
   llvm::DenseMap<const FieldDecl *, bool> LeafFields;
@@ -55,6 +63,7 @@ public:
 private:
   llvm::DenseMap<const FieldDecl *, bool> ParameterFields;
   llvm::DenseMap<const CXXMethodDecl *, LayerMethod> LayerMethods;
+  llvm::DenseMap<const CXXRecordDecl *, bool> BufferOnly;
 };
 
 enum class GradKind : std::uint8_t {

@@ -1477,6 +1477,16 @@ DTypeName LayoutAnalysis::Impl::fieldDType(const FieldDecl *F) {
 
 // The dtype every value F's class gives F is made with, when each is a
 // factory naming one (`stats_ = torch::zeros({R, 5}, torch::kLong)`).
+// `torch::zeros({n, d})`, `torch::full({n}, 0.5)`: a float factory given its
+// sizes (and fill) only, so of the default dtype, float32.
+static bool plainDefaultFactory(const CallExpr *Call, llvm::StringRef Name) {
+  unsigned Given = llvm::count_if(Call->arguments(),
+                                  [](const Expr *A) { return !isa<CXXDefaultArgExpr>(A); });
+  if (Name == "full")
+    return Given == 2 && Call->getArg(1)->IgnoreImpCasts()->getType()->isFloatingType();
+  return Given == 1 && llvm::is_contained({"zeros", "ones", "empty", "rand", "randn"}, Name);
+}
+
 DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) const {
   DTypeName Found;
   for (const Expr *V : valuesOfField(F)) {
@@ -1488,6 +1498,8 @@ DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) const {
     DTypeName DT = Op && Op->storage == sem::Storage::Factory && Op->layout != sem::Layout::Same
                        ? dtypeIn(Call)
                        : DTypeName();
+    if (Op && !DT.Size && plainDefaultFactory(Call, Op->name))
+      DT = {"Float", 4}; // `obs_(torch::zeros({cap, dim}))`, as factory() takes a local's
     if (!DT.Size || (Found.Size && DT.Name != Found.Name))
       return {};
     Found = DT;

@@ -320,3 +320,21 @@ struct FrameReplay {
     next_[pos_].copy_(next_obs);
   }
 };
+
+// A member its class makes with a plain float factory (sizes only) is
+// float32, as a local made so is; one also given another value is unknown.
+class StateBuffer {
+public:
+  StateBuffer(int64_t cap, int64_t dim)
+      : obs_(torch::zeros({cap, dim})), any_(torch::zeros({cap, dim})) {}
+  void add(std::vector<double> &obs, int64_t pos) {
+    auto o = torch::from_blob(obs.data(), {static_cast<int64_t>(obs.size())}, torch::kFloat64);
+    obs_[pos].copy_(o);
+    // CHECK-MESSAGES: :[[@LINE-1]]:15: warning: copy_ silently converts float64 to float32 (the destination's dtype)
+    any_[pos].copy_(o);
+  }
+  void widen() { any_ = any_.to(torch::kDouble); }
+
+private:
+  Tensor obs_, any_;
+};

@@ -555,3 +555,38 @@ double trainAgent(DiscreteAgent &agent, const torch::Tensor &obs, int64_t n) {
   }
   return entropySum.item<double>() + evalSum.item<double>();
 }
+
+// A module holding only buffers (an EMA codebook) is no layer: its output
+// requires grad only as its body makes it from the input, and a codebook
+// lookup by argmin indices does not. One that registers its codebook as a
+// parameter is a layer.
+struct EmaCodesImpl : torch::nn::Module {
+  EmaCodesImpl() { embed_ = register_buffer("embed", torch::randn({16, 4})); }
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor &x) {
+    auto codes = torch::cdist(x, embed_).argmin(1);
+    return {torch::nn::functional::embedding(codes, embed_), codes};
+  }
+  torch::Tensor embed_;
+};
+TORCH_MODULE(EmaCodes);
+struct LearnedCodesImpl : torch::nn::Module {
+  LearnedCodesImpl() { embed_ = register_parameter("embed", torch::randn({16, 4})); }
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor &x) {
+    auto codes = torch::cdist(x, embed_).argmin(1);
+    return {torch::nn::functional::embedding(codes, embed_), codes};
+  }
+  torch::Tensor embed_;
+};
+TORCH_MODULE(LearnedCodes);
+double quantize(std::vector<EmaCodes> &ema, std::vector<LearnedCodes> &learned,
+                const torch::Tensor &z) {
+  auto fromEma = torch::zeros_like(z), fromLearned = torch::zeros_like(z);
+  for (size_t i = 0; i < ema.size(); ++i) {
+    auto stage = ema[i]->forward(z);
+    fromEma = fromEma + stage.first;
+    auto learnedStage = learned[i]->forward(z);
+    fromLearned = fromLearned + learnedStage.first;
+    // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: 'learnedStage.first' requires grad and is accumulated into 'fromLearned'
+  }
+  return fromEma.sum().item<double>() + fromLearned.sum().item<double>();
+}

@@ -202,6 +202,38 @@ double rolloutEachStep(Net &model, torch::optim::Optimizer &opt, const std::vect
   }
   return total;
 }
+// So does a solver whose loop reads a value to the host every pass (its
+// convergence test): the caller's sync waits once per solve.
+torch::Tensor solveToTolerance(const torch::Tensor &a, torch::Tensor x, double tol) {
+  for (int64_t it = 0; it < 100; ++it) {
+    auto r = a.matmul(x) - 1.0;
+    if (r.abs().max().item<double>() < tol)
+      break;
+    x = x - 0.1 * r;
+  }
+  return x;
+}
+double perChunkResidual(const torch::Tensor &a, const std::vector<torch::Tensor> &starts) {
+  torch::Device device(torch::kCUDA);
+  double total = 0;
+  for (const auto &x0 : starts)
+    total += solveToTolerance(a, x0.to(device), 1e-6).norm().item<double>();
+  return total;
+}
+// A helper whose loop only computes does not.
+torch::Tensor iterate(const torch::Tensor &a, torch::Tensor x) {
+  for (int64_t it = 0; it < 10; ++it)
+    x = a.matmul(x).tanh();
+  return x;
+}
+double perChunkIterate(const torch::Tensor &a, const std::vector<torch::Tensor> &starts) {
+  torch::Device device(torch::kCUDA);
+  double total = 0;
+  for (const auto &x0 : starts)
+    total += iterate(a, x0.to(device)).norm().item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:47: warning: 'item' of
+  return total;
+}
 // A helper without a loop of steps does not.
 torch::Tensor score(Net &model, const torch::Tensor &x) { return model.forward(x).mean(); }
 double perBatchScore(Net &model, const std::vector<torch::Tensor> &batches) {
@@ -415,4 +447,42 @@ double branchMove(const torch::Tensor &x, bool gpu, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     running += g.sum().item<double>();
   return running;
+}
+
+// A device parameter is what every call passes: here the machine's device,
+// so the loss is on CUDA whenever one is available. A call given a device
+// (`sampleOn(data, device)`) computes there.
+torch::Tensor sampleOn(const torch::Tensor &data, torch::Device device) {
+  return data.index_select(0, torch::randint(data.size(0), {8})).to(device);
+}
+double fitOn(Net &model, torch::optim::Optimizer &opt, const torch::Tensor &data,
+             torch::Device device) {
+  double running = 0;
+  for (int step = 0; step < 100; ++step) {
+    auto loss = model.forward(sampleOn(data, device)).mean();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    running += loss.item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'item' of 'loss' (on CUDA whenever cuda::is_available()) copies it to the host
+  }
+  return running;
+}
+// Callers that pass different devices leave the parameter unknown.
+double fitAnywhere(Net &model, torch::optim::Optimizer &opt, const torch::Tensor &data,
+                   torch::Device device) {
+  double running = 0;
+  for (int step = 0; step < 100; ++step) {
+    auto loss = model.forward(data.to(device)).mean();
+    loss.backward();
+    opt.step();
+    running += loss.item<double>();
+  }
+  return running;
+}
+void runBoth(Net &model, torch::optim::Optimizer &opt, const torch::Tensor &data) {
+  const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  fitOn(model, opt, data, device);
+  fitAnywhere(model, opt, data, device);
+  fitAnywhere(model, opt, data, torch::kCPU);
 }

@@ -234,3 +234,40 @@ struct SpectralLinearImpl : torch::nn::Module {
     return torch::dot(u, torch::mv(weight, v)) + s.sum();
   }
 };
+
+// A clone no variable holds: rewritten in place at once (chained), or a copy
+// of an op's fresh result, which nothing else holds.
+torch::Tensor plausibleScores(const torch::Tensor &scores, const torch::Tensor &keep) {
+  auto masked = scores.clone().masked_fill_(keep.logical_not(), -1e9);
+  // CHECK-MESSAGES: :[[@LINE-1]]:24: warning: 'clone' copies 'scores', then 'masked_fill_' rewrites the copy in place at once
+  // CHECK-FIXES: auto masked = scores.masked_fill(keep.logical_not(), -1e9);
+  return masked;
+}
+torch::Tensor tdTarget(const torch::Tensor &reward, const torch::Tensor &q) {
+  return reward.clone().add_(0.99 * q);
+  // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: 'clone' copies 'reward', then 'add_' rewrites
+  // CHECK-FIXES: return reward.add(0.99 * q);
+}
+torch::Tensor forcesOf(const std::vector<torch::Tensor> &grads) {
+  return grads[0].clone().neg_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'clone' copies 'grads[0]', then 'neg_' rewrites
+  // CHECK-FIXES: return grads[0].neg();
+}
+torch::Tensor labelsOf(const torch::Tensor &prob) {
+  auto pred = prob.argmax(0).clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'clone' copies the fresh result of 'argmax', which nothing else holds
+  // CHECK-FIXES: auto pred = prob.argmax(0);
+  pred.masked_fill_(prob.amax(0) < 0.5, 0);
+  return pred;
+}
+// Not flagged: the copy is written by an op without an out-of-place twin,
+// an integer copy stays integer in place, a view's copy is needed when the
+// view's base is written, and clone(memory_format) changes the layout.
+torch::Tensor keptCopies(torch::Tensor buf, const torch::Tensor &src, int64_t n) {
+  auto a = src.clone().zero_();
+  auto ids = torch::arange(n).clone().add_(1);
+  auto row = buf.select(0, 0).clone();
+  buf.zero_();
+  auto cl = src.permute({0, 2, 3, 1}).clone(torch::MemoryFormat::Contiguous);
+  return a.sum() + ids.sum() + row.sum() + cl.sum();
+}
