@@ -24,11 +24,6 @@ void SyncInLoopCheck::registerMatchers(MatchFinder *Finder) {
 
 namespace {
 
-const Stmt *parentOf(const Stmt *S, ASTContext &Ctx) {
-  DynTypedNodeList Ps = Ctx.getParents(*S);
-  return Ps.empty() ? nullptr : Ps[0].get<Stmt>();
-}
-
 // The statement above S, through a variable it initialises (`float l = ...`).
 const Stmt *enclosingStmt(const Stmt *S, ASTContext &Ctx) {
   DynTypedNodeList Ps = Ctx.getParents(*S);
@@ -375,11 +370,11 @@ std::optional<SyncSite> syncSite(const CXXMemberCallExpr *Call, const TensorMode
     if (!Model.isTensorExpr(Call))
       return std::nullopt;
     // `t.cpu().item<float>()`: the host value is item's.
-    const Stmt *P = parentOf(Call, Ctx);
+    const Stmt *P = parentStmt(Call, Ctx);
     while (isa_and_nonnull<ImplicitCastExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr>(P))
-      P = parentOf(P, Ctx);
+      P = parentStmt(P, Ctx);
     if (const auto *ME = dyn_cast_or_null<MemberExpr>(P))
-      if (const auto *Item = dyn_cast_or_null<CXXMemberCallExpr>(parentOf(ME, Ctx));
+      if (const auto *Item = dyn_cast_or_null<CXXMemberCallExpr>(parentStmt(ME, Ctx));
           Item && Item->getMethodDecl() && Item->getMethodDecl()->getName() == "item")
         S.Value = Item;
   }

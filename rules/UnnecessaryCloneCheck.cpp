@@ -273,15 +273,11 @@ bool UnnecessaryCloneCheck::integerSource(const CXXMemberCallExpr *Clone, ASTCon
 // `x.clone().add_(y)`: an in-place op with an out-of-place twin rewrites the
 // copy no variable holds, at once.
 bool UnnecessaryCloneCheck::reportChained(const CXXMemberCallExpr *Clone, ASTContext &Ctx) {
-  auto ParentOf = [&](const Stmt *S) {
-    DynTypedNodeList Ps = Ctx.getParents(*S);
-    return Ps.empty() ? nullptr : Ps[0].get<Stmt>();
-  };
-  const Stmt *P = ParentOf(Clone);
+  const Stmt *P = parentStmt(Clone, Ctx);
   while (isa_and_nonnull<ImplicitCastExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr>(P))
-    P = ParentOf(P);
+    P = parentStmt(P, Ctx);
   const auto *ME = dyn_cast_or_null<MemberExpr>(P);
-  const auto *Use = ME ? dyn_cast_or_null<CXXMemberCallExpr>(ParentOf(ME)) : nullptr;
+  const auto *Use = ME ? dyn_cast_or_null<CXXMemberCallExpr>(parentStmt(ME, Ctx)) : nullptr;
   const CXXMethodDecl *MD = Use ? Use->getMethodDecl() : nullptr;
   if (!MD || !MD->getIdentifier() || outOfPlaceOf(MD->getName()).empty())
     return false;
@@ -313,18 +309,23 @@ Finding UnnecessaryCloneCheck::temporaryFinding(const CXXMemberCallExpr *Clone, 
   return F;
 }
 
+// The message of forms (b) and (c): the copy is rewritten in place at once.
+TensorDiag UnnecessaryCloneCheck::diagInPlaceAtOnce(SourceLocation Loc, StringRef Src,
+                                                    StringRef Op, const std::string &Use) {
+  return diag(Loc, "'clone' copies '%0', then '%1' rewrites the copy in place at once: two "
+                   "passes over the data where the out-of-place op makes the same tensor in "
+                   "one; use '%2'")
+         << (Src.size() <= 40 ? Src.str() : std::string("the tensor")) << Op.str() << Use;
+}
+
 void UnnecessaryCloneCheck::reportOnTemporary(const CXXMemberCallExpr *Clone,
                                               const CXXMemberCallExpr *InPlace, ASTContext &Ctx) {
   StringRef Src = textOf(Clone->getImplicitObjectArgument()->getSourceRange(), Ctx);
   StringRef Op = InPlace->getMethodDecl()->getName();
   std::string Out = outOfPlaceOf(Op);
   const auto *ME = cast<MemberExpr>(InPlace->getCallee());
-  auto D = diag(reportLoc(Clone),
-                "'clone' copies '%0', then '%1' rewrites the copy in place at once: two "
-                "passes over the data where the out-of-place op makes the same tensor in one; "
-                "use '%2'")
-           << (Src.size() <= 40 ? Src.str() : std::string("the tensor")) << Op.str()
-           << (Src.size() <= 40 ? Src.str() + "." + Out + "(...)" : Out);
+  auto D = diagInPlaceAtOnce(reportLoc(Clone), Src, Op,
+                             Src.size() <= 40 ? Src.str() + "." + Out + "(...)" : Out);
   bool Fixable = !Src.empty() && !ME->getMemberLoc().isMacroID();
   if (Fixable)
     D << FixItHint::CreateReplacement(
@@ -360,12 +361,7 @@ void UnnecessaryCloneCheck::reportInPlaceFirst(const CloneDecl &C, const Stmt *F
   StringRef Op = isa<CXXMemberCallExpr>(U->Call)
                      ? cast<CXXMemberCallExpr>(U->Call)->getMethodDecl()->getName()
                      : getOperatorSpelling(cast<CXXOperatorCallExpr>(U->Call)->getOperator());
-  auto D = diag(reportLoc(C.Call),
-                "'clone' copies '%0', then '%1' rewrites the copy in place at once: two "
-                "passes over the data where the out-of-place op makes the same tensor in one; "
-                "use '%2'")
-           << (Src.size() <= 40 ? Src.str() : std::string("the tensor")) << Op.str()
-           << (Repl.size() <= 60 ? Repl : U->OutOfPlace);
+  auto D = diagInPlaceAtOnce(reportLoc(C.Call), Src, Op, Repl.size() <= 60 ? Repl : U->OutOfPlace);
   SourceLocation Semi =
       Lexer::findLocationAfterToken(U->Call->getEndLoc(), tok::semi, SM, Ctx.getLangOpts(), false);
   bool Fixable = !Src.empty() && !U->Chained && (U->Args.isInvalid() || !Args.empty()) &&

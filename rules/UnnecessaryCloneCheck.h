@@ -31,6 +31,8 @@ private:
   void reportUnneeded(const CloneDecl &C, ASTContext &Ctx);
   bool reportChained(const CXXMemberCallExpr *Clone, ASTContext &Ctx);
   const sem::OpInfo *freshSourceOp(const CXXMemberCallExpr *Clone) const;
+  TensorDiag diagInPlaceAtOnce(SourceLocation Loc, StringRef Src, StringRef Op,
+                               const std::string &Use);
   void reportOnTemporary(const CXXMemberCallExpr *Clone, const CXXMemberCallExpr *InPlace,
                          ASTContext &Ctx);
   void reportFreshSource(const CXXMemberCallExpr *Clone, ASTContext &Ctx);

@@ -72,8 +72,9 @@ bool inNamespacePath(const Decl *D, llvm::StringRef Prefix) {
   return ND && llvm::StringRef(ND->getQualifiedNameAsString()).starts_with(Prefix);
 }
 
-static bool isTorchModuleBase(const CXXRecordDecl *RD) {
-  return RD->getIdentifier() && RD->getName() == "Module" && inNamespacePath(RD, "torch::nn::");
+bool isTorchModuleBase(const CXXRecordDecl *RD) {
+  return RD && RD->getIdentifier() && inNamespacePath(RD, "torch::nn::") &&
+         (RD->getName() == "Module" || RD->getName() == "Cloneable");
 }
 
 // RD is torch::nn::Module or derives from it.
@@ -309,6 +310,11 @@ bool isOptionsSetter(const FunctionDecl *FD) {
   const auto *MD = dyn_cast_or_null<CXXMethodDecl>(FD);
   const CXXRecordDecl *RD = MD ? MD->getParent() : nullptr;
   return RD && RD->getIdentifier() && RD->getName().ends_with("Options") && isTensorApi(FD);
+}
+
+const Stmt *parentStmt(const Stmt *S, ASTContext &Ctx) {
+  DynTypedNodeList Ps = Ctx.getParents(*S);
+  return Ps.empty() ? nullptr : Ps[0].get<Stmt>();
 }
 
 const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx) {

@@ -41,6 +41,8 @@ bool inNamespacePath(const Decl *D, llvm::StringRef Prefix);
 
 /// RD is torch::nn::Module or derives from it.
 bool isModuleRecord(const CXXRecordDecl *RD);
+// RD is torch::nn::Module itself or the Cloneable<T> base between it and a user module.
+bool isTorchModuleBase(const CXXRecordDecl *RD);
 
 /// A module value: an Impl or a holder (Linear, Sequential, AnyModule...).
 bool isModuleHolderType(QualType T);
@@ -121,6 +123,8 @@ bool isComputingOperator(const CXXOperatorCallExpr *OC);
 
 /// The function or lambda call operator whose body contains S (null if none).
 const FunctionDecl *enclosingFunction(const Stmt *S, ASTContext &Ctx);
+// The first parent of S when it is a statement, else null.
+const Stmt *parentStmt(const Stmt *S, ASTContext &Ctx);
 
 /// The lambda whose body S is in (the lambda of the function around S), or null.
 const LambdaExpr *lambdaAround(const Stmt *S, ASTContext &Ctx);

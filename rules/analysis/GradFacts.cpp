@@ -184,11 +184,6 @@ static bool mayMakeParameters(const Stmt *S) {
   return S && llvm::any_of(S->children(), mayMakeParameters);
 }
 
-static bool isTorchModuleBase(const CXXRecordDecl *RD) {
-  return RD && RD->getIdentifier() && inNamespacePath(RD, "torch::nn::") &&
-         (RD->getName() == "Module" || RD->getName() == "Cloneable");
-}
-
 bool isBufferOnlyModule(const CXXRecordDecl *RD) {
   RD = RD ? RD->getDefinition() : nullptr;
   if (!RD || !isModuleRecord(RD) || isTensorLibraryCode(RD))
