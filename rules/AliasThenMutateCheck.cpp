@@ -33,10 +33,22 @@ static bool initialisesParameter(const AffectedHandle &A) {
   return F && !A.Owner && A.FirstAlias.Kind != EdgeKind::MayAlias && isParameterField(F);
 }
 
+// `f(x.to(device))` with f writing its argument: the copy on the device is
+// what f is given to write; only a CPU-only run writes x. A direct write
+// (`t = x.to(device); t.sub_(m)`) is still reported.
+static bool viaCallOnRunTimeDevice(const WriteEvent &W, const AffectedHandle &A,
+                                   AnalysisManager &AM) {
+  const auto *Call = dyn_cast_or_null<CallExpr>(A.FirstAlias.Site);
+  const ConversionQuery *Q =
+      W.Via && A.FirstAlias.Kind == EdgeKind::MayAlias && Call ? AM.conversionAt(Call) : nullptr;
+  return Q && Q->RunTimeDevice;
+}
+
 // The handle the write also changes: a later read first, then an escape.
-static const AffectedHandle *pick(const WriteEvent &W) {
-  return pickAffected(W, [](const AffectedHandle &A) {
-    return A.CrossedAlias && !A.CrossedDetach && !initialisesParameter(A);
+static const AffectedHandle *pick(const WriteEvent &W, AnalysisManager &AM) {
+  return pickAffected(W, [&](const AffectedHandle &A) {
+    return A.CrossedAlias && !A.CrossedDetach && !initialisesParameter(A) &&
+           !viaCallOnRunTimeDevice(W, A, AM);
   });
 }
 
@@ -58,11 +70,16 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
   // counted per alias creation: several writes get one clone() there.
   llvm::SmallVector<std::pair<const WriteEvent *, const AffectedHandle *>, 4> Found;
   llvm::DenseMap<const Expr *, unsigned> PerSite;
+  // `x.sub_(m).div_(s)`: the chain writes one tensor; its first write is the report.
+  llvm::DenseSet<const Expr *> Writes;
+  for (const WriteEvent &W : R->Writes)
+    Writes.insert(W.Write);
   for (const WriteEvent &W : R->Writes) {
-    if (!W.RootDecl)
+    if (!W.RootDecl || (W.Target && Writes.contains(stripHandle(W.Target))))
       continue;
     // The layout lookup last: only for a write about to be reported.
-    if (const AffectedHandle *A = pick(W); A && !refusedAsExpanded(W, Ctx)) {
+    if (const AffectedHandle *A = pick(W, AnalysisManager::get(Model, Ctx));
+        A && !refusedAsExpanded(W, Ctx)) {
       Found.push_back({&W, A});
       ++PerSite[A->FirstAlias.Site];
     }

@@ -297,16 +297,18 @@ def dtype_probes(torch, F):
         "index_select": lambda x: x.index_select(1, torch.tensor([0, 2])),
         "masked_fill": lambda x: x.masked_fill(x > 1, torch.tensor(2.5)),
         "masked_select": lambda x: x.masked_select(x > 1),
+        "where": lambda x: torch.where(x > 1, x, x + 1),
     }
 
 
 def dtype_disagreement(torch, rule, f):
     """Bool / Long: that dtype from a float64 input; Floating: float64 from
-    float64, and float32 from int64 where the op takes integers; Own: float64
-    and int64 from those, whatever the index, mask or fill operands."""
+    float64, and float32 from int64 where the op takes integers; Own and
+    Values: float64 and int64 from those, whatever the index, mask, fill or
+    condition operands."""
     x = torch.randint(0, 4, (4, 5))
     got = f(x.double()).dtype
-    if rule == "Own":
+    if rule in ("Own", "Values"):
         from_int = f(x).dtype
         if (got, from_int) == (torch.float64, torch.long):
             return None

@@ -981,6 +981,18 @@ void FunctionAnalyzer::recordAt(const Stmt *St, const State &S, unsigned Block, 
   }
 }
 
+// How a path of two kinds of edge relates its ends. A detach wins (the
+// result has no grad history); then an op that may return its input (a
+// `flatten` after a slice: the caller did not ask for a view); then a view.
+static EdgeKind pathKind(EdgeKind A, EdgeKind B) {
+  auto Has = [&](EdgeKind K) { return A == K || B == K; };
+  if (Has(EdgeKind::Detach))
+    return EdgeKind::Detach;
+  if (Has(EdgeKind::MayAlias))
+    return EdgeKind::MayAlias;
+  return Has(EdgeKind::View) ? EdgeKind::View : EdgeKind::Copy;
+}
+
 // The summary: every return an alias of the same parameter, and how.
 void FunctionAnalyzer::summarise(FunctionSummary &Summary) {
   int Param = -1;
@@ -999,12 +1011,7 @@ void FunctionAnalyzer::summarise(FunctionSummary &Summary) {
         break;
       }
       const AliasEdge &E = Nodes[N].Parents[0];
-      if (E.Kind == EdgeKind::View || K == EdgeKind::View)
-        K = EdgeKind::View;
-      else if (E.Kind == EdgeKind::Detach || E.Kind == EdgeKind::Data || K == EdgeKind::Detach)
-        K = EdgeKind::Detach;
-      else if (E.Kind == EdgeKind::MayAlias)
-        K = EdgeKind::MayAlias;
+      K = pathKind(K, E.Kind == EdgeKind::Data ? EdgeKind::Detach : E.Kind);
       N = E.Parent;
     }
     if (!Ok || Nodes[N].ParamIndex < 0 || (Param >= 0 && Param != Nodes[N].ParamIndex)) {
@@ -1012,12 +1019,7 @@ void FunctionAnalyzer::summarise(FunctionSummary &Summary) {
       break;
     }
     Param = Nodes[N].ParamIndex;
-    if (K == EdgeKind::View || Kind == EdgeKind::View)
-      Kind = EdgeKind::View;
-    else if (K == EdgeKind::Detach || Kind == EdgeKind::Detach)
-      Kind = EdgeKind::Detach;
-    else if (K == EdgeKind::MayAlias)
-      Kind = EdgeKind::MayAlias;
+    Kind = pathKind(Kind, K);
   }
   if (Ok) {
     Summary.ReturnsParam = Param;

@@ -10,10 +10,10 @@ namespace clang::tidy::tensor {
 AnalysisManager::AnalysisManager(const TensorModel &Model, ASTContext &Ctx)
     : Model(Model), Ctx(Ctx), Alias(Model, Ctx) {
   // `to(kFloat)` of a uint8 tensor copies: no alias (the defaults included).
+  // `to(device)` with a device chosen at run time may return its input.
   Alias.setCopiesOracle([this](const CallExpr *Call) {
-    const LayoutAnalysis *L = layoutAt(Call);
-    const ConversionQuery *Q = L ? L->conversionOf(Call) : nullptr;
-    return Q && Q->Result == ConversionQuery::Copies;
+    const ConversionQuery *Q = conversionAt(Call);
+    return Q && Q->Result == ConversionQuery::Copies && !Q->RunTimeDevice;
   });
   // A detached write changes what an op saved: the backward after it raises.
   Alias.setSavedOracle([this](const ValueDecl *V, const Expr *Write) -> const Stmt * {
@@ -48,6 +48,11 @@ AnalysisManager &AnalysisManager::get(const TensorModel &Model, ASTContext &Ctx)
 }
 
 void AnalysisManager::release() { instances().clear(); }
+
+const ConversionQuery *AnalysisManager::conversionAt(const CallExpr *Call) {
+  const LayoutAnalysis *L = layoutAt(Call);
+  return L ? L->conversionOf(Call) : nullptr;
+}
 
 template <typename T, typename MakeFn>
 T *AnalysisManager::cachedFor(const Stmt *S,

@@ -30,6 +30,8 @@ public:
   AliasAnalysis &alias() { return Alias; }
   /// The layout facts of the function or lambda enclosing S (null if none).
   const LayoutAnalysis *layoutAt(const Stmt *S);
+  /// What the layout facts say a conversion call (`to`, `contiguous`) does.
+  const ConversionQuery *conversionAt(const CallExpr *Call);
   /// The loop analysis of the function or lambda enclosing S (null if none).
   LoopAnalysis *loopsAt(const Stmt *S);
   /// The autograd facts of the function or lambda enclosing S (null if none).

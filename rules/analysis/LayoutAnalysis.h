@@ -155,6 +155,10 @@ struct ConversionQuery {
   bool Assumed = false;
   /// The device changes (a synchronising transfer).
   bool Transfer = false;
+  /// The copy rests on a device chosen at run time (`is_available() ? kCUDA :
+  /// kCPU`, a parameter): where that device is the input's (a CPU-only run),
+  /// the conversion returns its input.
+  bool RunTimeDevice = false;
 };
 
 namespace layout {

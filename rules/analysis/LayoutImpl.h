@@ -292,6 +292,7 @@ public:
   static bool selfDecidesUnranked(const TensorFact &Self, const TensorFact &O);
   void onListDevice(const OpCall &C, TensorFact &F);
   void resultDType(const OpCall &C, TensorFact &R);
+  void valuesDType(const OpCall &C, TensorFact &R);
   void prescan(const Stmt *St);
   void assignTensor(const VarDecl *V, const Expr *Init, State &S);
   bool isAsserted(const Expr *E) const;

@@ -1119,15 +1119,16 @@ TensorFact LayoutAnalysis::Impl::cloneOp(const OpCall &C) {
   return R;
 }
 
-// The tensor whose dtype A names (`x.dtype()`, `x.scalar_type()`), or null.
-static const Expr *dtypeSource(const Expr *A, const TensorModel &Model) {
+// The tensor whose property A reads (`x.dtype()`, `x.scalar_type()` for
+// Device false, `x.device()` for Device true), or null.
+static const Expr *propertySource(const Expr *A, const TensorModel &Model, bool Device) {
   for (int I = 0; A && I < 6; ++I) { // through the conversions to TensorOptions
     A = stripHandle(A)->IgnoreImplicit();
     if (const auto *MC = dyn_cast<CXXMemberCallExpr>(A)) {
       const CXXMethodDecl *MD = MC->getMethodDecl();
       const Expr *Of = MC->getImplicitObjectArgument()->IgnoreImpCasts(); // past TensorBase
-      bool Names =
-          MD && MD->getIdentifier() && (MD->getName() == "dtype" || MD->getName() == "scalar_type");
+      StringRef N = MD && MD->getIdentifier() ? MD->getName() : "";
+      bool Names = Device ? N == "device" : (N == "dtype" || N == "scalar_type");
       return Names && Model.isTensorExpr(Of) ? Of : nullptr;
     }
     const auto *CE = dyn_cast<CXXConstructExpr>(A);
@@ -1150,12 +1151,22 @@ ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
       T.DeviceRuntime = O.DeviceRuntime || O.DeviceAssumed;
       continue;
     }
-    if (const Expr *Of = dtypeSource(A, Model)) { // to(other.dtype()): other's dtype
+    if (const Expr *Of = propertySource(A, Model, false)) { // to(other.dtype())
       TensorFact O = evalTensor(Of, C.S);
       if (!T.DType.Size && !O.DType.empty())
         T.DType = {O.DType, O.ElemSize};
       T.Unresolved |= O.DType.empty();
       continue;
+    }
+    // to(other.device()): other's device where the code shows it; else a
+    // run-time device (the accelerator, or the input's own on a CPU run).
+    if (const Expr *Of = propertySource(A, Model, true)) {
+      TensorFact O = evalTensor(Of, C.S);
+      bool Shown = O.Device != TensorFact::AnyDevice && !O.DeviceAssumed && !O.DeviceRuntime;
+      if (Shown && T.Device == TensorFact::AnyDevice) {
+        T.Device = O.Device;
+        continue;
+      }
     }
     DTypeName D = dtypeIn(A);
     bool Runtime = false;
@@ -1198,6 +1209,7 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
   if (Recording) {
     ConversionQuery Q;
     Q.Transfer = DevPart == Changes;
+    Q.RunTimeDevice = DevPart == Changes && T.DeviceRuntime && DTypePart != Changes;
     Q.Result = DevPart == Changes || DTypePart == Changes ? ConversionQuery::Copies
                : DevPart == Keeps && DTypePart == Keeps && !T.Unresolved
                    ? ConversionQuery::ReturnsSelf
@@ -1507,6 +1519,8 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
     return Set(Rule == sem::ResultDType::Bool ? DTypeName{"Bool", 1} : DTypeName{"Long", 8}, false);
   if (Rule == sem::ResultDType::Own && !C.Self.DType.empty()) // indices, masks take no part
     return Set({C.Self.DType, C.Self.ElemSize}, C.Self.DTypeAssumed);
+  if (Rule == sem::ResultDType::Values)
+    return valuesDType(C, R);
   // Same: every tensor operand has self's dtype; OthersIntegral: the others
   // are known integers or bools (indices, masks), which a float self outranks.
   bool Same = true, OthersIntegral = true, FloatScalar = false, Assumed = C.Self.DTypeAssumed;
@@ -1544,6 +1558,39 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   R.ElemSize = 0;
   R.DTypeAssumed = false;
   R.FloatingOp = Floating || WasFloating;
+}
+
+// `torch::where(cond, a, b)`, `a.where(cond, b)`: the dtype the values agree
+// on; unknown where they differ (promotion is not modelled).
+void LayoutAnalysis::Impl::valuesDType(const OpCall &C, TensorFact &R) {
+  bool Method = isa<CXXMemberCallExpr>(C.Call);
+  llvm::SmallVector<const Expr *, 3> Values;
+  if (Method)
+    Values.push_back(C.SelfE);
+  bool Scalar = false; // a float scalar would promote integer values
+  for (size_t I = Method ? 1 : 0; I < C.Args.size(); ++I)
+    if (C.arg(I) && Model.isTensorExpr(C.arg(I)))
+      Values.push_back(C.arg(I));
+    else
+      Scalar |= C.arg(I) != nullptr;
+  R.DType = "";
+  R.ElemSize = 0;
+  R.DTypeAssumed = R.FloatingOp = false;
+  for (const Expr *V : Values) {
+    TensorFact O = V == C.SelfE ? C.Self : evalTensor(V, C.S);
+    if (O.DType.empty() || (R.ElemSize && O.DType != R.DType)) {
+      R.DType = "";
+      R.ElemSize = 0;
+      return;
+    }
+    R.DType = O.DType;
+    R.ElemSize = O.ElemSize;
+    R.DTypeAssumed |= O.DTypeAssumed;
+  }
+  if (Scalar && !isFloatingDType(R.DType)) {
+    R.DType = "";
+    R.ElemSize = 0;
+  }
 }
 
 TensorFact LayoutAnalysis::Impl::byTable(const OpCall &C) {

@@ -297,3 +297,54 @@ torch::Tensor maskedTargets(const torch::Tensor &logits, const torch::Tensor &la
   // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: in-place 'masked_fill_' on 'targets' may also change 'labels': 'to' returns its input, not a copy, when it can
   return logits.narrow(1, 0, T - 1).gather(2, targets.unsqueeze(-1));
 }
+
+// A device chosen at run time may be the input's: on a CPU-only machine
+// `b.energy.to(device)` is the dataset's tensor, rewritten every epoch.
+struct EnergyBatch {
+  torch::Tensor energy, atoms;
+};
+void normaliseEnergies(std::vector<EnergyBatch> &batches, double mean, double stdev, int epochs) {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  for (int e = 0; e < epochs; ++e)
+    for (auto &b : batches) {
+      auto target = b.energy.to(device);
+      target.sub_(mean).div_(stdev);
+      // CHECK-MESSAGES: :[[@LINE-1]]:14: warning: in-place 'sub_' on 'target' may also change 'energy': 'to' returns its input, not a copy, when it can [tensor-alias-then-mutate]
+      std::cout << target.sum().item<double>() << "\n";
+    }
+}
+
+// `to(other.device())` keeps the device when both sides share it.
+torch::Tensor standardise(const torch::Tensor &x, const torch::Tensor &mean,
+                          const torch::Tensor &stdev) {
+  auto z = x.to(mean.device());
+  z.sub_(mean).div_(stdev);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'sub_' on 'z' may also change 'x': 'to' returns its input, not a copy, when it can [tensor-alias-then-mutate]
+  return z;
+}
+
+// A function that writes its argument is given the device copy to write:
+// not reported at the call (only a CPU-only run writes the batch).
+void dither(torch::Tensor &wav, double amount) { wav.add_(torch::randn_like(wav), amount); }
+double ditheredEnergy(const std::vector<torch::Tensor> &clips) {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  double total = 0;
+  for (const auto &clip : clips) {
+    auto wav = clip.to(device);
+    dither(wav, 1e-4);
+    total += wav.pow(2).sum().item<double>();
+  }
+  return total;
+}
+
+// A helper returning a may-alias op of its argument's view: the caller did
+// not ask for a view of f.
+torch::Tensor sampleSensors(const torch::Tensor &f, int64_t stride) {
+  return f.slice(1, 0, f.size(1), stride).flatten(1);
+}
+torch::Tensor branchInput(const torch::Tensor &f, double mean, int64_t stride) {
+  auto sensors = sampleSensors(f, stride);
+  sensors.sub_(mean);
+  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: in-place 'sub_' on 'sensors' may also change 'f': 'sampleSensors' returns its input, not a copy, when it can [tensor-alias-then-mutate]
+  return sensors;
+}

@@ -338,3 +338,15 @@ public:
 private:
   Tensor obs_, any_;
 };
+
+// where's condition takes no part in the result's dtype: int64 values give
+// int64, whatever the mask.
+void appendTokens(torch::Tensor &generated, const torch::Tensor &scores,
+                  const torch::Tensor &finished, int64_t t, int64_t pad) {
+  auto out = torch::zeros({scores.size(0), 8}, torch::kInt);
+  auto next = scores.argmax(-1);
+  next = torch::where(finished, torch::full_like(next, pad), next);
+  out.select(1, t).copy_(next);
+  // CHECK-MESSAGES: :[[@LINE-1]]:20: warning: copy_ silently converts int64 to int32 (the destination's dtype): values out of range wrap around; make the conversion explicit with 'next.to(out.scalar_type())' [tensor-copy-narrowing]
+  generated.copy_(out);
+}

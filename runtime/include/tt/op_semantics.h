@@ -132,7 +132,7 @@ constexpr ExpandedWrite expandedWrite(std::string_view name) {
 
 // The result dtype rule of ops.def's TT_RESULT_DTYPE section; Self for ops
 // not listed (self's dtype when every tensor operand has it).
-enum class ResultDType : std::uint8_t { Self, Bool, Long, Floating, Own };
+enum class ResultDType : std::uint8_t { Self, Bool, Long, Floating, Own, Values };
 inline constexpr NamedRow<ResultDType> kResultDTypes[] = {
 #define TT_OP(Name, S, L, A)
 #define TT_RESULT_DTYPE(Name, Rule) {#Name, ResultDType::Rule},
