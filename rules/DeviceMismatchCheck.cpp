@@ -15,9 +15,28 @@ namespace clang::tidy::tensor {
 
 namespace {
 
-// A device the code shows: not a default taken for an input, not a run-time value.
+// A device the code shows (not a default taken for an input), or CUDA chosen
+// whenever the machine has one (`is_available() ? kCUDA : kCPU`): mixing it
+// with a CPU tensor throws on every machine with a GPU, where the code is
+// meant to run.
 bool known(const TensorFact &F, TensorFact::DeviceKind D) {
-  return F.Device == D && !F.DeviceAssumed && !F.DeviceRuntime;
+  return F.Device == D && F.deviceShownOrIfAvailable();
+}
+
+// The device facts (flow-insensitive, through calls and modules) put E on CUDA.
+bool onCuda(const Expr *E, DeviceFacts *Devices) {
+  DeviceKnown D = Devices ? Devices->deviceOf(E) : DeviceKnown::Unknown;
+  return D == DeviceKnown::CUDA || D == DeviceKnown::CUDAIfAvailable;
+}
+
+// E's device when it is CUDA: shown by the code, or chosen by
+// `is_available() ? kCUDA : kCPU` (CUDAIfAvailable), which is CUDA on every
+// machine with a GPU, where such code is meant to run; else Unknown.
+DeviceKnown cudaSide(const TensorFact &F, const Expr *E, DeviceFacts *Devices) {
+  if (known(F, TensorFact::Accelerator))
+    return F.DeviceIfAvailable ? DeviceKnown::CUDAIfAvailable : DeviceKnown::CUDA;
+  // A value that comes from an op that throws (two devices in a helper): none.
+  return !F.Throws && onCuda(E, Devices) ? Devices->deviceOf(E) : DeviceKnown::Unknown;
 }
 
 // Ops PyTorch runs through TensorIterator accept a 0-dim CPU tensor next to
@@ -59,6 +78,7 @@ public:
   MoveFinder(const ValueDecl *Module, const Stmt *Use, ASTContext &Ctx, DeviceFacts *Devices)
       : Module(Module), Use(Use), Ctx(Ctx), Devices(Devices) {}
   std::string Device;
+  bool IfAvailable = false; // Device is `is_available() ? kCUDA : kCPU`
 
   bool VisitCXXMemberCallExpr(CXXMemberCallExpr *MC) {
     const CXXMethodDecl *MD = MC->getMethodDecl();
@@ -72,11 +92,13 @@ public:
         !dominates(MC))
       return true;
     bool Runtime = false;
-    TensorFact::DeviceKind D = N == "cuda"        ? TensorFact::Accelerator
-                               : N == "cpu"       ? TensorFact::CPU
-                               : MC->getNumArgs() ? layoutDevice(MC->getArg(0), Runtime)
-                                                  : TensorFact::AnyDevice;
-    Device = D == TensorFact::Accelerator && !Runtime
+    IfAvailable = false;
+    TensorFact::DeviceKind D = N == "cuda" ? TensorFact::Accelerator
+                               : N == "cpu" ? TensorFact::CPU
+                               : MC->getNumArgs()
+                                   ? layoutDevice(MC->getArg(0), Runtime, IfAvailable)
+                                   : TensorFact::AnyDevice;
+    Device = D == TensorFact::Accelerator && (!Runtime || IfAvailable)
                  ? (N == "cuda" ? std::string("torch::kCUDA") : textOf(MC->getArg(0), Ctx))
                  : "";
     return true;
@@ -84,7 +106,7 @@ public:
 
 private:
   // `to(device)` with `torch::Device device(torch::kCUDA)`: the variable's values.
-  TensorFact::DeviceKind layoutDevice(const Expr *A, bool &Runtime);
+  TensorFact::DeviceKind layoutDevice(const Expr *A, bool &Runtime, bool &IfAvailable);
   // Always runs before Use: its statement is in a block enclosing Use.
   bool dominates(const Stmt *S) {
     const Stmt *Cur = S;
@@ -127,8 +149,12 @@ private:
 
 namespace clang::tidy::tensor {
 
-TensorFact::DeviceKind MoveFinder::layoutDevice(const Expr *A, bool &Runtime) {
-  return layout::deviceOf(A, &Runtime, Devices);
+TensorFact::DeviceKind MoveFinder::layoutDevice(const Expr *A, bool &Runtime, bool &IfAvailable) {
+  layout::DeviceOrigin Origin;
+  TensorFact::DeviceKind D = layout::deviceOf(A, &Origin, Devices);
+  Runtime = Origin.Runtime;
+  IfAvailable = Origin.IfAvailable;
+  return D;
 }
 
 DeviceMismatchCheck::DeviceMismatchCheck(StringRef Name, ClangTidyContext *Context)
@@ -187,16 +213,24 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
   const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Call);
   if (!LA)
     return;
+  DeviceFacts *Devices = AnalysisManager::get(Model, *Result.Context).devicesAt(Call);
   const Expr *Cpu = nullptr, *Cuda = nullptr;
+  bool IfAvailable = false;
   for (const Expr *E : Es) {
     const TensorFact *F = LA->factOf(E);
     if (!F)
       continue;
     bool Scalar = F->Sizes ? F->Sizes->empty() : !F->HasDims; // may be a 0-dim CPU tensor
-    if (known(*F, TensorFact::CPU) && (!Scalar || rejectsCpuScalars(Op->name)))
-      Cpu = Cpu ? Cpu : E;
-    else if (known(*F, TensorFact::Accelerator))
-      Cuda = Cuda ? Cuda : E;
+    if (known(*F, TensorFact::CPU)) {
+      // Not when the device facts put it on CUDA: the value of an op that
+      // throws (reported there) or a fact one analysis cannot see.
+      if ((!Scalar || rejectsCpuScalars(Op->name)) && !onCuda(E, Devices))
+        Cpu = Cpu ? Cpu : E;
+    } else if (DeviceKnown D = cudaSide(*F, E, Devices);
+               D != DeviceKnown::Unknown && (!Cuda || (!nameOf(Cuda) && nameOf(E)))) {
+      Cuda = E; // a named one when there is one: the fix-it moves to its device
+      IfAvailable = D == DeviceKnown::CUDAIfAvailable;
+    }
   }
   if (!Cpu || !Cuda)
     return;
@@ -207,7 +241,8 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
   std::string OpName = OC ? "'" + std::string(getOperatorSpelling(OC->getOperator())) + "'"
                           : "'" + std::string(Op->name) + "'";
   report({Call, reportLoc(Call), OpName, Cpu,
-          CudaName ? textOf(CudaName, *Result.Context) + ".device()" : "", "'" + CudaText + "'"},
+          CudaName ? textOf(CudaName, *Result.Context) + ".device()" : "", "'" + CudaText + "'",
+          false, IfAvailable},
          Result);
 }
 
@@ -230,7 +265,7 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
   const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
   std::string Method = MC ? MC->getMethodDecl()->getNameAsString() : "forward";
   report({Call, reportLoc(Call), "'" + Method + "'", Input, Moves.Device,
-          "the parameters of " + Name + ", moved to CUDA", true},
+          "the parameters of " + Name + ", moved to CUDA", true, Moves.IfAvailable},
          Result);
 }
 
@@ -249,7 +284,11 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
   bool Fixable = !M.Device.empty() && !M.Cpu->getBeginLoc().isMacroID() &&
                  !M.Cpu->getEndLoc().isMacroID() && !inTemplateInstantiation(M.Call, Ctx);
   std::string Msg = M.Op + " combines the CPU tensor '" + CpuText + "' with " + M.Other +
-                    ": throws at run time ('Expected all tensors to be on the same device, but "
+                    ": throws at run time" +
+                    (M.IfAvailable ? std::string(" on a machine with CUDA (its device is "
+                                                 "'is_available() ? kCUDA : kCPU')")
+                                   : std::string()) +
+                    " ('Expected all tensors to be on the same device, but "
                     "found at least two devices, cuda:0 and cpu!'); move it with '" +
                     (Fixable ? Moved : Base + ".to(<device>)") + "'";
   {
@@ -265,7 +304,7 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
   F.Op = F.Where;
   F.OpName = StringRef(M.Op).trim('\'').str();
   F.Fix = Fixable ? FixKind::ToOtherDevice : FixKind::None;
-  F.Facts.push_back(Fact::DevicesKnown);
+  F.Facts.push_back(M.IfAvailable ? Fact::DeviceCUDAIfAvailable : Fact::DevicesKnown);
   if (M.Module)
     F.Facts.push_back(Fact::ModuleMoved);
   emitFinding(std::move(F));

@@ -33,6 +33,7 @@ public:
     std::string Device; // text of the CUDA side's device ("a.device()", "torch::kCUDA")
     std::string Other;  // the CUDA side, for the message
     bool Module = false;
+    bool IfAvailable = false; // the CUDA side's device is `is_available() ? kCUDA : kCPU`
   };
 
 private:

@@ -7,13 +7,81 @@
 
 namespace clang::tidy::tensor {
 
+namespace {
+// 255 or 255.0: the largest 8-bit value.
+bool is255(const Expr *E) {
+  for (int I = 0; I < 4; ++I) { // through the conversion to at::Scalar
+    E = E->IgnoreImplicit()->IgnoreParens();
+    const auto *CE = dyn_cast<CXXConstructExpr>(E);
+    if (!CE || CE->getNumArgs() != 1)
+      break;
+    E = CE->getArg(0);
+  }
+  if (const auto *I = dyn_cast<IntegerLiteral>(E))
+    return I->getValue() == 255;
+  const auto *F = dyn_cast<FloatingLiteral>(E);
+  return F && F->getValueAsApproximateDouble() == 255.0;
+}
+
+// `x.div_(255)` / `x /= 255`, pixel bytes scaled to [0, 1] in place: x.
+const Expr *bytesScaled(const Stmt *S) {
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S)) {
+    const CXXMethodDecl *MD = MC->getMethodDecl();
+    bool Div = MD && MD->getIdentifier() && MD->getName() == "div_";
+    return Div && MC->getNumArgs() >= 1 && is255(MC->getArg(0)) ? MC->getImplicitObjectArgument()
+                                                                 : nullptr;
+  }
+  const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
+  return OC && OC->getOperator() == OO_SlashEqual && OC->getNumArgs() == 2 && is255(OC->getArg(1))
+             ? OC->getArg(0)
+             : nullptr;
+}
+
+bool scalesAsBytes(const Stmt *S, const VarDecl *V) {
+  if (!S)
+    return false;
+  if (const Expr *T = bytesScaled(S); T && varOf(T) == V)
+    return true;
+  return llvm::any_of(S->children(), [&](const Stmt *C) { return scalesAsBytes(C, V); });
+}
+
+// The call names a floating dtype (`to(kFloat)`, `to(device, torch::kFloat32)`).
+bool namesFloatingDType(const Stmt *S) {
+  if (const auto *DRE = dyn_cast_or_null<DeclRefExpr>(S); DRE && DRE->getDecl()->getIdentifier())
+    return llvm::is_contained({"kFloat", "kFloat32", "kHalf", "kFloat16", "kBFloat16", "kDouble",
+                               "kFloat64"},
+                              DRE->getDecl()->getName());
+  return S && llvm::any_of(S->children(), [](const Stmt *C) { return namesFloatingDType(C); });
+}
+} // namespace
+
+// Note [pixel bytes]
+// `auto x = frames.to(kFloat); x.div_(255)`: real code converts 8-bit pixels
+// this way, and divides by 255 only what held bytes. Such a conversion of an
+// input of unknown dtype copies: the data says more than the float32 default.
+// A dtype the code shows (an assertion, a factory's) still decides.
+bool AnalysisManager::convertsBytes(const CallExpr *Conv) {
+  if (!namesFloatingDType(Conv))
+    return false;
+  const Stmt *Cur = Conv;
+  for (int I = 0; I < 6 && Cur; ++I) { // `frames.to(kFloat).div_(255)`, through the member
+    Cur = parentStmt(Cur, Ctx);
+    if (const Expr *T = Cur ? bytesScaled(Cur) : nullptr)
+      return stripHandle(T) == Conv;
+  }
+  const VarDecl *V = initialisedVar(Conv, Ctx);
+  const FunctionDecl *FD = enclosingFunction(Conv, Ctx);
+  return V && FD && FD->getBody() && scalesAsBytes(FD->getBody(), V);
+}
+
 AnalysisManager::AnalysisManager(const TensorModel &Model, ASTContext &Ctx)
     : Model(Model), Ctx(Ctx), Alias(Model, Ctx) {
   // `to(kFloat)` of a uint8 tensor copies: no alias (the defaults included).
   // `to(device)` with a device chosen at run time may return its input.
   Alias.setCopiesOracle([this](const CallExpr *Call) {
     const ConversionQuery *Q = conversionAt(Call);
-    return Q && Q->Result == ConversionQuery::Copies && !Q->RunTimeDevice;
+    return Q && ((Q->Result == ConversionQuery::Copies && !Q->RunTimeDevice) ||
+                 (Q->InputDTypeAssumed && convertsBytes(Call)));
   });
   // A detached write changes what an op saved: the backward after it raises.
   Alias.setSavedOracle([this](const ValueDecl *V, const Expr *Write) -> const Stmt * {
@@ -146,7 +214,11 @@ ParamFacts AnalysisManager::paramFacts(const FunctionDecl *FD) {
         All->Sizes.reset();
       if (A->Device != All->Device)
         All->Device = TensorFact::AnyDevice;
+      All->DeviceIfAvailable = (All->DeviceIfAvailable || !All->DeviceRuntime) &&
+                               (A->DeviceIfAvailable || !A->DeviceRuntime) &&
+                               All->Device == TensorFact::Accelerator;
       All->DeviceRuntime |= A->DeviceRuntime;
+      All->DeviceIfAvailable &= All->DeviceRuntime;
       All->RankShown |= A->RankShown;
     }
     if (All && All->says())
@@ -178,6 +250,7 @@ std::optional<ParamFact> AnalysisManager::argumentFact(const CallSites::Site &S,
   if (!F->DeviceAssumed) {
     A.Device = F->Device;
     A.DeviceRuntime = F->DeviceRuntime;
+    A.DeviceIfAvailable = F->DeviceIfAvailable;
   }
   return A;
 }

@@ -32,6 +32,8 @@ public:
   const LayoutAnalysis *layoutAt(const Stmt *S);
   /// What the layout facts say a conversion call (`to`, `contiguous`) does.
   const ConversionQuery *conversionAt(const CallExpr *Call);
+  /// A conversion to a floating dtype of pixel bytes (Note [pixel bytes]).
+  bool convertsBytes(const CallExpr *Conv);
   /// The loop analysis of the function or lambda enclosing S (null if none).
   LoopAnalysis *loopsAt(const Stmt *S);
   /// The autograd facts of the function or lambda enclosing S (null if none).

@@ -343,19 +343,24 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
   return DeviceKnown::Unknown;
 }
 
-DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth) {
+DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth, bool Ours) {
   DeviceKnown Best = DeviceKnown::Unknown;
+  bool HostTensor = false;
   for (const Expr *A : C->arguments()) {
     // `sample_batch(data, n, device)`: a call given a device computes there.
-    DeviceKnown D = Model.isTensorExpr(A) || Model.isTensorVectorType(A->getType())
-                        ? deviceOf(A, Depth)
+    bool Tensor = Model.isTensorExpr(A) || Model.isTensorVectorType(A->getType());
+    DeviceKnown D = Tensor                                 ? deviceOf(A, Depth)
                     : Model.isTensorListType(A->getType()) ? ofListArgument(A, Depth)
                     : isDeviceLikeType(A->getType())       ? deviceNamed(A, Depth)
                                                            : ofStructArgument(A, Depth);
+    HostTensor |= Ours && Tensor && D == DeviceKnown::NotCUDA;
     if (onCUDA(D) && Best != DeviceKnown::CUDA)
       Best = D;
   }
-  return Best;
+  // A function of ours given tensors on two devices has none of its own: it
+  // may throw in there (reported there) or move one; a library op's
+  // mismatch is reported at the call, and its value taken on CUDA after it.
+  return HostTensor ? DeviceKnown::Unknown : Best;
 }
 
 DeviceKnown DeviceFacts::ofListArgument(const Expr *A, unsigned Depth) {
@@ -422,10 +427,11 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
       return DeviceKnown::CUDA;
   // torch::nll_loss(out, target), model->forward(x), a function of ours: a
   // CUDA input means a CUDA computation, unless ours moves something to the host.
-  if (const FunctionDecl *Def = C->getDirectCallee() ? C->getDirectCallee()->getDefinition() : nullptr;
-      Def && !isTensorApi(Def) && bodyMovesToHost(Def))
+  const FunctionDecl *Def = C->getDirectCallee() ? C->getDirectCallee()->getDefinition() : nullptr;
+  bool Ours = Def && !isTensorApi(Def);
+  if (Ours && bodyMovesToHost(Def))
     return DeviceKnown::Unknown;
-  return anyArgument(C, Depth);
+  return anyArgument(C, Depth, Ours);
 }
 
 // Moves of module member F (`F->to(d)`, `F->cuda()`, `F->cpu()`) in S.

@@ -72,7 +72,9 @@ private:
   /// element is (a list's tensors share a device).
   DeviceKnown ofListArgument(const Expr *A, unsigned Depth);
   DeviceKnown ofFactory(const CallExpr *C, unsigned Depth);
-  DeviceKnown anyArgument(const CallExpr *C, unsigned Depth);
+  /// CUDA when an argument is; Unknown for a function of ours (Ours) given a
+  /// tensor on the host too.
+  DeviceKnown anyArgument(const CallExpr *C, unsigned Depth, bool Ours = false);
   /// Def's body moves a tensor to the host (`cpu()`, `kCPU`); memoised.
   bool bodyMovesToHost(const FunctionDecl *Def);
 

@@ -24,7 +24,8 @@ bool TensorFact::operator==(const TensorFact &O) const {
          DeviceAssumed == O.DeviceAssumed && AssumedSource == O.AssumedSource &&
          KindSource == O.KindSource && Sizes == O.Sizes && Strides == O.Strides &&
          HasDims == O.HasDims && ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
-         DeviceRuntime == O.DeviceRuntime && Throws == O.Throws && FloatingOp == O.FloatingOp &&
+         DeviceRuntime == O.DeviceRuntime && DeviceIfAvailable == O.DeviceIfAvailable &&
+         Throws == O.Throws && FloatingOp == O.FloatingOp &&
          WholeValues == O.WholeValues && SwapA == O.SwapA &&
          SwapB == O.SwapB && UnitDims == O.UnitDims && NarrowDim == O.NarrowDim &&
          NarrowLen == O.NarrowLen && MinChunks == O.MinChunks && Src == O.Src &&
@@ -142,8 +143,9 @@ DTypeName dtypeInArgs(llvm::ArrayRef<const Expr *> Args) {
 // The device an argument names: kCPU / "cpu" is the CPU; any other device
 // expression (kCUDA, a torch::Device variable) an accelerator, since code
 // that moves tensors to a device it computes targets one. *Runtime is set when
-// the device is a run-time value rather than a constant (it may be the CPU).
-TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime, DeviceFacts *Vars) {
+// the device is a run-time value rather than a constant (it may be the CPU);
+// IfAvailable too when that value is `is_available() ? kCUDA : kCPU`.
+TensorFact::DeviceKind deviceOf(const Expr *A, DeviceOrigin *Origin, DeviceFacts *Vars) {
   // Through the implicit conversions to TensorOptions / optional<Device>.
   for (int I = 0; A && I < 6; ++I) {
     A = stripHandle(A)->IgnoreImplicit();
@@ -155,6 +157,11 @@ TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime, DeviceFacts *Vars)
   }
   if (!A)
     return TensorFact::AnyDevice;
+  if (Vars && Vars->deviceNamed(A) == DeviceKnown::CUDAIfAvailable) {
+    if (Origin)
+      *Origin = {true, true};
+    return TensorFact::Accelerator;
+  }
   if (const auto *DRE = dyn_cast<DeclRefExpr>(A)) {
     const ValueDecl *D = DRE->getDecl();
     if (D->getIdentifier() && D->getName().ends_with("CPU"))
@@ -164,8 +171,8 @@ TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime, DeviceFacts *Vars)
     if (DeviceKnown K = VD && Vars ? Vars->deviceNamed(DRE) : DeviceKnown::Unknown;
         K == DeviceKnown::CUDA || K == DeviceKnown::NotCUDA)
       return K == DeviceKnown::CUDA ? TensorFact::Accelerator : TensorFact::CPU;
-    if (Runtime && !isa<EnumConstantDecl>(D) && !(VD && VD->isConstexpr()))
-      *Runtime = true;
+    if (Origin && !isa<EnumConstantDecl>(D) && !(VD && VD->isConstexpr()))
+      Origin->Runtime = true;
     return TensorFact::Accelerator;
   }
   // `device_` set to kCUDA by its class's constructor.
@@ -173,12 +180,12 @@ TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime, DeviceFacts *Vars)
       K == DeviceKnown::CUDA || K == DeviceKnown::NotCUDA)
     return K == DeviceKnown::CUDA ? TensorFact::Accelerator : TensorFact::CPU;
   if (const auto *CE = dyn_cast<CXXConstructExpr>(A); CE && CE->getNumArgs() >= 1)
-    return deviceOf(CE->getArg(0), Runtime, Vars) == TensorFact::CPU ? TensorFact::CPU
+    return deviceOf(CE->getArg(0), Origin, Vars) == TensorFact::CPU ? TensorFact::CPU
                                                                      : TensorFact::Accelerator;
   if (const auto *S = dyn_cast<StringLiteral>(A))
     return S->getString().starts_with("cpu") ? TensorFact::CPU : TensorFact::Accelerator;
-  if (Runtime)
-    *Runtime = true;
+  if (Origin)
+    Origin->Runtime = true;
   return TensorFact::Accelerator;
 }
 
@@ -256,6 +263,9 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
   if (A.Device == B.Device)
     R.Device = A.Device;
   R.DeviceRuntime = A.DeviceRuntime || B.DeviceRuntime;
+  R.DeviceIfAvailable = R.DeviceRuntime && R.Device == TensorFact::Accelerator &&
+                        (A.DeviceIfAvailable || !A.DeviceRuntime) &&
+                        (B.DeviceIfAvailable || !B.DeviceRuntime);
   R.FloatingOp = A.FloatingOp && B.FloatingOp;
   R.WholeValues = A.WholeValues && B.WholeValues;
   R.HasDims = A.HasDims && B.HasDims;
@@ -765,7 +775,7 @@ std::optional<TensorFact> LayoutAnalysis::Impl::calleeResult(const CallExpr *Cal
 TensorFact LayoutAnalysis::Impl::onCertainCUDA(TensorFact F, const Expr *E) {
   if (DeviceVars && DeviceVars->deviceOf(E) == DeviceKnown::CUDA) {
     F.Device = TensorFact::Accelerator;
-    F.DeviceAssumed = F.DeviceRuntime = false;
+    F.DeviceAssumed = F.DeviceRuntime = F.DeviceIfAvailable = false;
   }
   return F;
 }
@@ -873,6 +883,7 @@ TensorFact LayoutAnalysis::Impl::onInputDevice(TensorFact F, const Expr *T, Stat
   F.Device = In.Device;
   F.DeviceAssumed = In.DeviceAssumed;
   F.DeviceRuntime = In.DeviceRuntime;
+  F.DeviceIfAvailable = In.DeviceIfAvailable;
   if (In.DeviceAssumed)
     F.KindSource = In.KindSource;
   return F;
@@ -1392,10 +1403,16 @@ static const Expr *queriedObject(const Expr *E, llvm::StringRef &Name) {
 
 // `x.scalar_type() == kX` or `x.dtype() == kX`, either way round: x and kX.
 static std::pair<const Expr *, DTypeName> dtypeTest(const Expr *E) {
-  const auto *BO = dyn_cast<BinaryOperator>(E);
-  if (!BO || BO->getOpcode() != BO_EQ)
+  const Expr *L = nullptr, *R = nullptr;
+  if (const auto *BO = dyn_cast<BinaryOperator>(E); BO && BO->getOpcode() == BO_EQ)
+    std::tie(L, R) = std::pair(BO->getLHS(), BO->getRHS());
+  // `x.dtype() == torch::kFloat`: TypeMeta's operator== with a ScalarType.
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(E);
+      OC && OC->getOperator() == OO_EqualEqual && OC->getNumArgs() == 2)
+    std::tie(L, R) = std::pair(OC->getArg(0), OC->getArg(1));
+  if (!L)
     return {};
-  for (auto [Q, D] : {std::pair(BO->getLHS(), BO->getRHS()), std::pair(BO->getRHS(), BO->getLHS())}) {
+  for (auto [Q, D] : {std::pair(L, R), std::pair(R, L)}) {
     llvm::StringRef Name;
     if (const Expr *Obj = queriedObject(Q, Name); Obj && (Name == "scalar_type" || Name == "dtype"))
       return {Obj, dtypeIn(D)};
@@ -1658,6 +1675,7 @@ TensorFact LayoutAnalysis::Impl::paramFact(const ParmVarDecl *P) {
     F.Device = C.Device;
     F.DeviceAssumed = false;
     F.DeviceRuntime = C.DeviceRuntime;
+    F.DeviceIfAvailable = C.DeviceIfAvailable;
   }
   return F;
 }

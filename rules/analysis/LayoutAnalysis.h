@@ -66,6 +66,13 @@ struct TensorFact {
   /// The accelerator came from a run-time device value (a torch::Device
   /// variable, `other.device()`): it may be the CPU.
   bool DeviceRuntime = false;
+  /// With DeviceRuntime: the value is `is_available() ? kCUDA : kCPU`
+  /// (DeviceKnown::CUDAIfAvailable), CUDA on every machine that has one.
+  bool DeviceIfAvailable = false;
+  /// The code shows the device, or chooses CUDA whenever there is one.
+  bool deviceShownOrIfAvailable() const {
+    return !DeviceAssumed && (!DeviceRuntime || DeviceIfAvailable);
+  }
   /// Made by an op that certainly throws (operands on two devices the code
   /// shows): no value flows from it, so a join takes the other side's fact.
   bool Throws = false;
@@ -159,6 +166,8 @@ struct ConversionQuery {
   /// kCPU`, a parameter): where that device is the input's (a CPU-only run),
   /// the conversion returns its input.
   bool RunTimeDevice = false;
+  /// The input's dtype is the float32 default, not shown by the code.
+  bool InputDTypeAssumed = false;
 };
 
 namespace layout {
@@ -184,6 +193,7 @@ struct ParamFact {
   std::optional<llvm::SmallVector<std::optional<std::int64_t>, 4>> Sizes;
   TensorFact::DeviceKind Device = TensorFact::AnyDevice;
   bool DeviceRuntime = false;
+  bool DeviceIfAvailable = false; // as TensorFact's
   /// Some call passes a tensor whose rank its caller knows, whatever its
   /// layout: the rank is not the reader's guess (Note [no-op at the smallest
   /// rank]).

@@ -21,7 +21,13 @@ std::optional<std::int64_t> constInt(const Expr *E, const ASTContext &Ctx);
 DTypeName dtypeNamed(llvm::StringRef N);
 DTypeName dtypeIn(const Stmt *S);
 DTypeName dtypeInArgs(llvm::ArrayRef<const Expr *> Args);
-TensorFact::DeviceKind deviceOf(const Expr *A, bool *Runtime = nullptr,
+/// How a device argument names its device: as a run-time value (it may be
+/// the CPU), and whether that value is CUDA whenever the machine has one.
+struct DeviceOrigin {
+  bool Runtime = false;
+  bool IfAvailable = false;
+};
+TensorFact::DeviceKind deviceOf(const Expr *A, DeviceOrigin *Origin = nullptr,
                                 DeviceFacts *Vars = nullptr);
 TensorFact unknownFact();
 TensorFact assumedInput(const void *Src, std::string Source, llvm::StringRef Name = "");
@@ -67,6 +73,7 @@ struct ConversionTarget {
   layout::DTypeName DType;
   TensorFact::DeviceKind Device = TensorFact::AnyDevice;
   bool DeviceRuntime = false; // the device is a run-time value
+  bool DeviceIfAvailable = false; // ... CUDA whenever the machine has one
   bool Unresolved = false;    // a dtype or options the analysis cannot read
 };
 
@@ -214,6 +221,7 @@ public:
     R.Device = Self.Device;
     R.DeviceAssumed = Self.DeviceAssumed;
     R.DeviceRuntime = Self.DeviceRuntime;
+    R.DeviceIfAvailable = Self.DeviceIfAvailable;
     R.KindSource = Self.KindSource;
   }
   // The device of an op's result, given another tensor operand O: a CPU
@@ -227,10 +235,9 @@ public:
     auto Scalar = [](const TensorFact &F) {
       return F.Device == TensorFact::CPU && F.Sizes && F.Sizes->empty();
     };
-    auto Shown = [](const TensorFact &F) { return !F.DeviceAssumed && !F.DeviceRuntime; };
     if (Scalar(Self)) {
       inheritDevice(R, O);
-    } else if (!Scalar(O) && Shown(Self) && Shown(O)) {
+    } else if (!Scalar(O) && Self.deviceShownOrIfAvailable() && O.deviceShownOrIfAvailable()) {
       R.Device = TensorFact::AnyDevice;
       R.Throws = true;
     }

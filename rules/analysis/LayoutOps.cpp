@@ -136,7 +136,7 @@ static bool isTensorOptionsType(QualType T) {
 // The device TensorOptions built in place name: `.device(d)` / `torch::device(d)`
 // in the chain, else the CPU; options from a local never assigned again are
 // its initializer's; from another variable, any device.
-static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, DeviceFacts *Vars,
+static TensorFact::DeviceKind optionsDevice(const Expr *E, DeviceOrigin &Origin, DeviceFacts *Vars,
                                             FixedLocals &Locals) {
   E = stripHandle(E);
   // `auto opts = TensorOptions().dtype(kFloat).device(device);`, never assigned again.
@@ -145,39 +145,39 @@ static TensorFact::DeviceKind optionsDevice(const Expr *E, bool &Runtime, Device
     const Expr *Init = V && isTensorOptionsType(V->getType()) ? Locals.initializerOf(V) : nullptr;
     if (!Init)
       return TensorFact::AnyDevice; // `x.options()` of a tensor x: its device, not known here
-    return optionsDevice(Init, Runtime, Vars, Locals);
+    return optionsDevice(Init, Origin, Vars, Locals);
   }
   if (const auto *CE = dyn_cast_or_null<CXXConstructExpr>(E)) {
     if (CE->getNumArgs() == 0)
       return TensorFact::CPU;
-    TensorFact::DeviceKind D = deviceOf(CE->getArg(0), &Runtime, Vars);
+    TensorFact::DeviceKind D = deviceOf(CE->getArg(0), &Origin, Vars);
     std::string Ty = CE->getArg(0)->getType().getAsString();
     if (D == TensorFact::AnyDevice &&
         (Ty.find("ScalarType") != std::string::npos || Ty.find("TypeMeta") != std::string::npos))
       return TensorFact::CPU; // zeros({n}, kLong): a dtype, the default device
-    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0), Runtime, Vars, Locals) : D;
+    return D == TensorFact::AnyDevice ? optionsDevice(CE->getArg(0), Origin, Vars, Locals) : D;
   }
   const auto *Call = dyn_cast<CallExpr>(E);
   const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
   if (!FD || !FD->getIdentifier())
     return TensorFact::AnyDevice;
   if (FD->getName() == "device" && Call->getNumArgs() >= 1)
-    return deviceOf(Call->getArg(Call->getNumArgs() - 1), &Runtime, Vars);
+    return deviceOf(Call->getArg(Call->getNumArgs() - 1), &Origin, Vars);
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(Call))
-    return optionsDevice(MC->getImplicitObjectArgument(), Runtime, Vars, Locals);
+    return optionsDevice(MC->getImplicitObjectArgument(), Origin, Vars, Locals);
   return isTensorApi(FD) ? TensorFact::CPU : TensorFact::AnyDevice; // torch::dtype(...)
 }
 
 // The device a factory's arguments name; CPU when they name none.
-static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args, bool &Runtime,
+static TensorFact::DeviceKind factoryDevice(llvm::ArrayRef<const Expr *> Args, DeviceOrigin &Origin,
                                             DeviceFacts *Vars, FixedLocals &Locals) {
   for (const Expr *A : Args) {
     if (isa<CXXDefaultArgExpr>(A))
       continue;
-    if (TensorFact::DeviceKind D = deviceOf(A, &Runtime, Vars); D != TensorFact::AnyDevice)
+    if (TensorFact::DeviceKind D = deviceOf(A, &Origin, Vars); D != TensorFact::AnyDevice)
       return D;
     if (isTensorOptionsType(A->getType()))
-      return optionsDevice(A, Runtime, Vars, Locals);
+      return optionsDevice(A, Origin, Vars, Locals);
   }
   return TensorFact::CPU;
 }
@@ -284,12 +284,16 @@ const Expr *LayoutAnalysis::Impl::optionsOfTensor(llvm::ArrayRef<const Expr *> A
 TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   TensorFact F = freshContiguous(C.Call);
   DTypeName DT = dtypeInArgs(C.Args);
-  F.Device = factoryDevice(C.Args, F.DeviceRuntime, deviceVars(), Locals);
+  DeviceOrigin Origin;
+  F.Device = factoryDevice(C.Args, Origin, deviceVars(), Locals);
+  F.DeviceRuntime = Origin.Runtime;
+  F.DeviceIfAvailable = Origin.IfAvailable;
   if (const Expr *Of = F.Device == TensorFact::AnyDevice ? optionsOfTensor(C.Args) : nullptr) {
     TensorFact T = evalTensor(Of, C.S); // `zeros({}, x.options())`: x's device and dtype
     F.Device = T.Device;
     F.DeviceAssumed = T.DeviceAssumed;
     F.DeviceRuntime = T.DeviceRuntime;
+    F.DeviceIfAvailable = T.DeviceIfAvailable;
     if (!DT.Size && !T.DType.empty()) {
       DT = DTypeName{T.DType, T.ElemSize};
       F.DTypeAssumed = T.DTypeAssumed;
@@ -1149,6 +1153,7 @@ ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
       T.DType = {O.DType, O.ElemSize};
       T.Device = C.Name == "type_as" ? TensorFact::AnyDevice : O.Device;
       T.DeviceRuntime = O.DeviceRuntime || O.DeviceAssumed;
+      T.DeviceIfAvailable = O.DeviceIfAvailable && !O.DeviceAssumed;
       continue;
     }
     if (const Expr *Of = propertySource(A, Model, false)) { // to(other.dtype())
@@ -1162,20 +1167,23 @@ ConversionTarget LayoutAnalysis::Impl::targetOf(const OpCall &C) {
     // run-time device (the accelerator, or the input's own on a CPU run).
     if (const Expr *Of = propertySource(A, Model, true)) {
       TensorFact O = evalTensor(Of, C.S);
-      bool Shown = O.Device != TensorFact::AnyDevice && !O.DeviceAssumed && !O.DeviceRuntime;
+      bool Shown = O.Device != TensorFact::AnyDevice && O.deviceShownOrIfAvailable();
       if (Shown && T.Device == TensorFact::AnyDevice) {
         T.Device = O.Device;
+        T.DeviceRuntime = O.DeviceRuntime;
+        T.DeviceIfAvailable = O.DeviceIfAvailable;
         continue;
       }
     }
     DTypeName D = dtypeIn(A);
-    bool Runtime = false;
-    TensorFact::DeviceKind Dev = deviceOf(A, &Runtime, deviceVars());
+    DeviceOrigin Origin;
+    TensorFact::DeviceKind Dev = deviceOf(A, &Origin, deviceVars());
     if (!T.DType.Size)
       T.DType = D;
     if (T.Device == TensorFact::AnyDevice) {
       T.Device = Dev;
-      T.DeviceRuntime = Runtime;
+      T.DeviceRuntime = Origin.Runtime;
+      T.DeviceIfAvailable = Origin.IfAvailable;
     }
     // A dtype or options held in a variable: which conversion is unknown.
     std::string Ty = A->getType().getAsString();
@@ -1210,6 +1218,7 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
     ConversionQuery Q;
     Q.Transfer = DevPart == Changes;
     Q.RunTimeDevice = DevPart == Changes && T.DeviceRuntime && DTypePart != Changes;
+    Q.InputDTypeAssumed = Self.DTypeAssumed;
     Q.Result = DevPart == Changes || DTypePart == Changes ? ConversionQuery::Copies
                : DevPart == Keeps && DTypePart == Keeps && !T.Unresolved
                    ? ConversionQuery::ReturnsSelf
@@ -1227,6 +1236,7 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
     R.Device = T.Device;
     R.DeviceAssumed = false;
     R.DeviceRuntime = T.DeviceRuntime;
+    R.DeviceIfAvailable = T.DeviceIfAvailable;
   }
   if (T.DType.Size) {
     R.DTypeAssumed = false;
@@ -1419,6 +1429,7 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
     return R;
   Mixed->Device = R.Device;
   Mixed->DeviceRuntime = R.DeviceRuntime;
+  Mixed->DeviceIfAvailable = R.DeviceIfAvailable;
   Mixed->Throws = R.Throws;
   return *Mixed;
 }

@@ -20,8 +20,8 @@ Tensor normalize(const Tensor &input, const Tensor &mean, const Tensor &stdev) {
 Tensor toFloatAndScale(const Tensor &img) {
   auto f = img.to(torch::kFloat);
   // CHECK-FIXES: {{^}}  auto f = img.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);{{$}}
-  f.div_(255.0);
-  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'div_' on 'f' may also change 'img': 'to' returns its input, not a copy, when it can
+  f.sub_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'sub_' on 'f' may also change 'img': 'to' returns its input, not a copy, when it can
   f.clamp_(0, 1);
   // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'clamp_' on 'f' may also change 'img'
   return f;
@@ -103,8 +103,8 @@ torch::Tensor frameToInput(const torch::Tensor &frame_u8) {
 
 torch::Tensor scaleInput(const torch::Tensor &frame) {
   auto f = frame.to(torch::kFloat); // a float32 input: f is frame itself
-  f.div_(255.0);
-  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'div_' on 'f' may also change 'frame': 'to' returns its input, not a copy, when it can
+  f.mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'mul_' on 'f' may also change 'frame': 'to' returns its input, not a copy, when it can
   return f;
 }
 
@@ -347,4 +347,27 @@ torch::Tensor branchInput(const torch::Tensor &f, double mean, int64_t stride) {
   sensors.sub_(mean);
   // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: in-place 'sub_' on 'sensors' may also change 'f': 'sampleSensors' returns its input, not a copy, when it can [tensor-alias-then-mutate]
   return sensors;
+}
+
+// Note [pixel bytes]: a conversion to float whose result is divided by 255 in
+// place converts 8-bit pixels, so it copies: neither the write nor a caller's
+// write through the helper is reported.
+torch::Tensor toUnitRange(const torch::Tensor &frames) {
+  auto x = frames.to(torch::kFloat32);
+  return x.div_(255.0);
+}
+torch::Tensor scaledFrame(const torch::Tensor &frame) { return frame.to(torch::kFloat).div_(255); }
+void stepFrames(torch::Tensor obs) {
+  auto in = toUnitRange(obs);
+  in.sub_(0.5);
+  auto one = scaledFrame(obs[0]);
+  one /= 2;
+}
+
+// Scaled by another constant: the float32 default holds.
+torch::Tensor toSignedRange(const torch::Tensor &samples) {
+  auto img = samples.to(torch::kFloat);
+  img.div_(2.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'div_' on 'img' may also change 'samples': 'to' returns its input, not a copy, when it can [tensor-alias-then-mutate]
+  return img;
 }

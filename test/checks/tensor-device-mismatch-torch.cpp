@@ -114,13 +114,50 @@ void structFieldElsewhere(Scorer &model, const Tensor &batch, const std::vector<
   auto ce2 = torch::nll_loss(cpu_out.logits, labels);
 }
 
-void runtimeDevice() {
+// `is_available() ? kCUDA : kCPU` is CUDA on every machine with a GPU.
+void deviceIfAvailable() {
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
   torch::nn::Linear model(10, 2);
   model->to(device);
   Tensor x = torch::randn({8, 10});
   Tensor y = model->forward(x);
+  // CHECK-MESSAGES: :[[@LINE-1]]:21: error: 'forward' combines the CPU tensor 'x' with the parameters of 'model', moved to CUDA: throws at run time on a machine with CUDA (its device is 'is_available() ? kCUDA : kCPU') ('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!'); move it with 'x.to(device)' [tensor-device-mismatch]
+  // CHECK-FIXES: {{^}}  Tensor y = model->forward(x.to(device));{{$}}
+}
+
+// A helper's device parameter: every caller passes CUDA-if-available.
+Tensor offsetsOnDevice(const Tensor &idx, torch::Device device) {
+  Tensor dev_idx = idx.to(device);
+  Tensor base = torch::arange(dev_idx.size(0)).view({-1, 1});
+  return dev_idx + base;
+  // CHECK-MESSAGES: :[[@LINE-1]]:18: error: '+' combines the CPU tensor 'base' with 'dev_idx': throws at run time on a machine with CUDA
+  // CHECK-FIXES: {{^}}  return dev_idx + base.to(dev_idx.device());{{$}}
+}
+
+void callsOffsets() {
+  const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  offsetsOnDevice(torch::zeros({4, 3}, torch::kLong), device);
+}
+
+// An op that throws is reported once: its result is not judged again.
+void mismatchReportedOnce() {
+  const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  Tensor scores = torch::randn({4, 8}, torch::device(device));
+  Tensor finished = torch::zeros({4}, torch::kBool);
+  Tensor next = scores.argmax(-1);
+  next = torch::where(finished, torch::zeros_like(next), next);
+  // CHECK-MESSAGES: :[[@LINE-1]]:10: error: 'where' combines the CPU tensor 'finished' with 'next': throws at run time on a machine with CUDA
+  Tensor picked = scores.gather(-1, next.unsqueeze(-1));
+}
+
+// A device the code does not show: no finding.
+void runtimeDevice(torch::Device device) {
+  torch::nn::Linear model(10, 2);
+  model->to(device);
+  Tensor x = torch::randn({8, 10});
+  Tensor y = model->forward(x);
   Tensor z = torch::randn({8, 2}).to(device) + y;
+  Tensor w = torch::randn({8, 2}).to(device) + torch::ones({8, 2});
 }
 
 void inputMovedToo() {

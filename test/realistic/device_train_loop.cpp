@@ -32,7 +32,7 @@ void train_portable(int epochs) {
   model->to(device);
   for (int e = 0; e < epochs; ++e) {
     auto images = torch::randn({64, 784});
-    auto logits = model->forward(images); // LOOKALIKE: tensor-device-mismatch -- device chosen at run time; fine on a CPU-only box
+    auto logits = model->forward(images); // EXPECT: tensor-device-mismatch -- is_available() ? kCUDA : kCPU: throws on every machine with a GPU (was a look-alike before the twenty-fifth session)
     (void)logits;
   }
 }
