@@ -195,6 +195,29 @@ void DeviceMismatchCheck::check(const MatchFinder::MatchResult &Result) {
   checkOp(Call, Result);
 }
 
+DeviceMismatchCheck::Sides DeviceMismatchCheck::sidesOf(llvm::ArrayRef<const Expr *> Es,
+                                                        const LayoutAnalysis &LA,
+                                                        DeviceFacts *Devices, StringRef Op) {
+  Sides S;
+  for (const Expr *E : Es) {
+    const TensorFact *F = LA.factOf(E);
+    if (!F)
+      continue;
+    bool Scalar = F->Sizes ? F->Sizes->empty() : !F->HasDims; // may be a 0-dim CPU tensor
+    if (known(*F, TensorFact::CPU)) {
+      // Not when the device facts put it on CUDA: the value of an op that
+      // throws (reported there) or a fact one analysis cannot see.
+      if ((!Scalar || rejectsCpuScalars(Op)) && !onCuda(E, Devices))
+        S.Cpu = S.Cpu ? S.Cpu : E;
+    } else if (DeviceKnown D = cudaSide(*F, E, Devices);
+               D != DeviceKnown::Unknown && (!S.Cuda || (!nameOf(S.Cuda) && nameOf(E)))) {
+      S.Cuda = E; // a named one when there is one: the fix-it moves to its device
+      S.IfAvailable = D == DeviceKnown::CUDAIfAvailable;
+    }
+  }
+  return S;
+}
+
 // An op of the table whose tensor operands' facts show a CPU tensor and a
 // CUDA tensor.
 void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::MatchResult &Result) {
@@ -213,25 +236,9 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
   const LayoutAnalysis *LA = AnalysisManager::get(Model, *Result.Context).layoutAt(Call);
   if (!LA)
     return;
-  DeviceFacts *Devices = AnalysisManager::get(Model, *Result.Context).devicesAt(Call);
-  const Expr *Cpu = nullptr, *Cuda = nullptr;
-  bool IfAvailable = false;
-  for (const Expr *E : Es) {
-    const TensorFact *F = LA->factOf(E);
-    if (!F)
-      continue;
-    bool Scalar = F->Sizes ? F->Sizes->empty() : !F->HasDims; // may be a 0-dim CPU tensor
-    if (known(*F, TensorFact::CPU)) {
-      // Not when the device facts put it on CUDA: the value of an op that
-      // throws (reported there) or a fact one analysis cannot see.
-      if ((!Scalar || rejectsCpuScalars(Op->name)) && !onCuda(E, Devices))
-        Cpu = Cpu ? Cpu : E;
-    } else if (DeviceKnown D = cudaSide(*F, E, Devices);
-               D != DeviceKnown::Unknown && (!Cuda || (!nameOf(Cuda) && nameOf(E)))) {
-      Cuda = E; // a named one when there is one: the fix-it moves to its device
-      IfAvailable = D == DeviceKnown::CUDAIfAvailable;
-    }
-  }
+  Sides S = sidesOf(Es, *LA, AnalysisManager::get(Model, *Result.Context).devicesAt(Call),
+                    Op->name);
+  const Expr *Cpu = S.Cpu, *Cuda = S.Cuda;
   if (!Cpu || !Cuda)
     return;
   // Moving the tensor an in-place op writes would write a temporary: no fix-it.
@@ -242,7 +249,7 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
                           : "'" + std::string(Op->name) + "'";
   report({Call, reportLoc(Call), OpName, Cpu,
           CudaName ? textOf(CudaName, *Result.Context) + ".device()" : "", "'" + CudaText + "'",
-          false, IfAvailable},
+          false, S.IfAvailable},
          Result);
 }
 

@@ -36,7 +36,15 @@ public:
     bool IfAvailable = false; // the CUDA side's device is `is_available() ? kCUDA : kCPU`
   };
 
+  /// The first CPU operand (not a CPU scalar the op accepts) and a CUDA one.
+  struct Sides {
+    const Expr *Cpu = nullptr, *Cuda = nullptr;
+    bool IfAvailable = false; // the CUDA side's device is `is_available() ? kCUDA : kCPU`
+  };
+
 private:
+  static Sides sidesOf(llvm::ArrayRef<const Expr *> Es, const LayoutAnalysis &LA,
+                       DeviceFacts *Devices, StringRef Op);
   void checkOp(const CallExpr *Call, const ast_matchers::MatchFinder::MatchResult &Result);
   void checkForward(const CallExpr *Call, const Expr *ModuleE, const Expr *Input,
                     const ast_matchers::MatchFinder::MatchResult &Result);
