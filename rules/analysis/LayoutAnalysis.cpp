@@ -142,9 +142,9 @@ DTypeName dtypeInArgs(llvm::ArrayRef<const Expr *> Args) {
 
 // The device an argument names: kCPU / "cpu" is the CPU; any other device
 // expression (kCUDA, a torch::Device variable) an accelerator, since code
-// that moves tensors to a device it computes targets one. *Runtime is set when
+// that moves tensors to a device it computes targets one. Origin->Runtime is set when
 // the device is a run-time value rather than a constant (it may be the CPU);
-// IfAvailable too when that value is `is_available() ? kCUDA : kCPU`.
+// Origin->IfAvailable too when that value is `is_available() ? kCUDA : kCPU`.
 TensorFact::DeviceKind deviceOf(const Expr *A, DeviceOrigin *Origin, DeviceFacts *Vars) {
   // Through the implicit conversions to TensorOptions / optional<Device>.
   for (int I = 0; A && I < 6; ++I) {
