@@ -10,16 +10,10 @@ namespace clang::tidy::tensor {
 namespace {
 // 255 or 255.0: the largest 8-bit value.
 bool is255(const Expr *E) {
-  for (int I = 0; I < 4; ++I) { // through the conversion to at::Scalar
-    E = E->IgnoreImplicit()->IgnoreParens();
-    const auto *CE = dyn_cast<CXXConstructExpr>(E);
-    if (!CE || CE->getNumArgs() != 1)
-      break;
-    E = CE->getArg(0);
-  }
-  if (const auto *I = dyn_cast<IntegerLiteral>(E))
+  E = scalarSource(E);
+  if (const auto *I = dyn_cast_or_null<IntegerLiteral>(E))
     return I->getValue() == 255;
-  const auto *F = dyn_cast<FloatingLiteral>(E);
+  const auto *F = dyn_cast_or_null<FloatingLiteral>(E);
   return F && F->getValueAsApproximateDouble() == 255.0;
 }
 
@@ -45,14 +39,6 @@ bool scalesAsBytes(const Stmt *S, const VarDecl *V) {
   return llvm::any_of(S->children(), [&](const Stmt *C) { return scalesAsBytes(C, V); });
 }
 
-// The call names a floating dtype (`to(kFloat)`, `to(device, torch::kFloat32)`).
-bool namesFloatingDType(const Stmt *S) {
-  if (const auto *DRE = dyn_cast_or_null<DeclRefExpr>(S); DRE && DRE->getDecl()->getIdentifier())
-    return llvm::is_contained({"kFloat", "kFloat32", "kHalf", "kFloat16", "kBFloat16", "kDouble",
-                               "kFloat64"},
-                              DRE->getDecl()->getName());
-  return S && llvm::any_of(S->children(), [](const Stmt *C) { return namesFloatingDType(C); });
-}
 } // namespace
 
 // Note [pixel bytes]
@@ -61,8 +47,13 @@ bool namesFloatingDType(const Stmt *S) {
 // input of unknown dtype copies: the data says more than the float32 default.
 // A dtype the code shows (an assertion, a factory's) still decides.
 bool AnalysisManager::convertsBytes(const CallExpr *Conv) {
-  if (!namesFloatingDType(Conv))
-    return false;
+  auto [It, New] = BytesConversions.try_emplace(Conv, false);
+  if (New)
+    It->second = scaledAsBytes(Conv);
+  return It->second;
+}
+
+bool AnalysisManager::scaledAsBytes(const CallExpr *Conv) {
   const Stmt *Cur = Conv;
   for (int I = 0; I < 6 && Cur; ++I) { // `frames.to(kFloat).div_(255)`, through the member
     Cur = parentStmt(Cur, Ctx);
@@ -81,7 +72,7 @@ AnalysisManager::AnalysisManager(const TensorModel &Model, ASTContext &Ctx)
   Alias.setCopiesOracle([this](const CallExpr *Call) {
     const ConversionQuery *Q = conversionAt(Call);
     return Q && ((Q->Result == ConversionQuery::Copies && !Q->RunTimeDevice) ||
-                 (Q->InputDTypeAssumed && convertsBytes(Call)));
+                 (Q->InputDTypeAssumed && Q->ToFloating && convertsBytes(Call)));
   });
   // A detached write changes what an op saved: the backward after it raises.
   Alias.setSavedOracle([this](const ValueDecl *V, const Expr *Write) -> const Stmt * {
@@ -212,13 +203,7 @@ ParamFacts AnalysisManager::paramFacts(const FunctionDecl *FD) {
       }
       if (A->Sizes != All->Sizes)
         All->Sizes.reset();
-      if (A->Device != All->Device)
-        All->Device = TensorFact::AnyDevice;
-      All->DeviceIfAvailable = (All->DeviceIfAvailable || !All->DeviceRuntime) &&
-                               (A->DeviceIfAvailable || !A->DeviceRuntime) &&
-                               All->Device == TensorFact::Accelerator;
-      All->DeviceRuntime |= A->DeviceRuntime;
-      All->DeviceIfAvailable &= All->DeviceRuntime;
+      meetDevice(*All, *All, *A);
       All->RankShown |= A->RankShown;
     }
     if (All && All->says())

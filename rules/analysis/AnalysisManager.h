@@ -57,6 +57,8 @@ private:
   /// What every call passes FD's tensor parameters, where the calls agree
   /// (Note [call-site facts]).
   ParamFacts paramFacts(const FunctionDecl *FD);
+  /// convertsBytes without its memo: Conv's result is scaled by 1/255 in place.
+  bool scaledAsBytes(const CallExpr *Conv);
   std::optional<ParamFact> argumentFact(const CallSites::Site &S, const FunctionDecl *FD,
                                         unsigned I);
   /// FD is called in the main file, and only with grad mode off: under a
@@ -98,6 +100,7 @@ private:
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<LoopAnalysis>> Loops;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<GradFacts>> Grads;
   llvm::DenseMap<const FunctionDecl *, std::unique_ptr<DeviceFacts>> Devices;
+  llvm::DenseMap<const CallExpr *, bool> BytesConversions; // convertsBytes' answers
 };
 
 } // namespace clang::tidy::tensor

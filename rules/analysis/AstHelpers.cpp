@@ -39,6 +39,17 @@ llvm::SmallVector<const Expr *, 4> bracedElements(const Expr *E) {
   return IL ? llvm::SmallVector<const Expr *, 4>(IL->inits()) : llvm::SmallVector<const Expr *, 4>();
 }
 
+const Expr *scalarSource(const Expr *A) {
+  for (int I = 0; A && I < 4; ++I) {
+    A = A->IgnoreImplicit();
+    const auto *CE = dyn_cast<CXXConstructExpr>(A);
+    if (!CE || CE->getNumArgs() != 1)
+      break;
+    A = CE->getArg(0);
+  }
+  return A ? A->IgnoreParenImpCasts() : nullptr;
+}
+
 const VarDecl *varOf(const Expr *E) {
   if (!E)
     return nullptr;

@@ -19,6 +19,10 @@ namespace clang::tidy::tensor {
 /// casts, parentheses, temporaries, functional casts, copy/move construction.
 const Expr *stripHandle(const Expr *E);
 
+/// The number a Scalar argument was built from (`Scalar(0.5)`,
+/// `optional<Scalar>(255)`), without its conversions.
+const Expr *scalarSource(const Expr *A);
+
 /// The variable E names (through handle copies), or null.
 const VarDecl *varOf(const Expr *E);
 

@@ -260,12 +260,7 @@ TensorFact join(const TensorFact &A, const TensorFact &B) {
     R.ElemSize = A.ElemSize;
   if (A.DType == B.DType)
     R.DType = A.DType;
-  if (A.Device == B.Device)
-    R.Device = A.Device;
-  R.DeviceRuntime = A.DeviceRuntime || B.DeviceRuntime;
-  R.DeviceIfAvailable = R.DeviceRuntime && R.Device == TensorFact::Accelerator &&
-                        (A.DeviceIfAvailable || !A.DeviceRuntime) &&
-                        (B.DeviceIfAvailable || !B.DeviceRuntime);
+  meetDevice(R, A, B);
   R.FloatingOp = A.FloatingOp && B.FloatingOp;
   R.WholeValues = A.WholeValues && B.WholeValues;
   R.HasDims = A.HasDims && B.HasDims;

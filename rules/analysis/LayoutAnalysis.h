@@ -168,6 +168,8 @@ struct ConversionQuery {
   bool RunTimeDevice = false;
   /// The input's dtype is the float32 default, not shown by the code.
   bool InputDTypeAssumed = false;
+  /// The target dtype is a floating one (`to(kFloat)`, `toType(kHalf)`).
+  bool ToFloating = false;
 };
 
 namespace layout {
@@ -201,6 +203,20 @@ struct ParamFact {
   bool says() const { return Sizes || Device != TensorFact::AnyDevice || RankShown; }
 };
 using ParamFacts = llvm::DenseMap<const ParmVarDecl *, ParamFact>;
+
+/// The device part of the meet of A and B (TensorFacts or ParamFacts) into R,
+/// which may be A: a device where both agree; chosen at run time where either
+/// is; CUDA-if-available where every run-time side is and the device agrees.
+template <typename Fact> void meetDevice(Fact &R, const Fact &A, const Fact &B) {
+  bool Runtime = A.DeviceRuntime || B.DeviceRuntime;
+  bool Same = A.Device == B.Device;
+  bool IfAvailable = Runtime && Same && A.Device == TensorFact::Accelerator &&
+                     (A.DeviceIfAvailable || !A.DeviceRuntime) &&
+                     (B.DeviceIfAvailable || !B.DeviceRuntime);
+  R.Device = Same ? A.Device : TensorFact::AnyDevice;
+  R.DeviceRuntime = Runtime;
+  R.DeviceIfAvailable = IfAvailable;
+}
 
 class LayoutAnalysis {
 public:

@@ -1219,6 +1219,7 @@ TensorFact LayoutAnalysis::Impl::convertOp(const OpCall &C) {
     Q.Transfer = DevPart == Changes;
     Q.RunTimeDevice = DevPart == Changes && T.DeviceRuntime && DTypePart != Changes;
     Q.InputDTypeAssumed = Self.DTypeAssumed;
+    Q.ToFloating = T.DType.Size && isFloatingDType(T.DType.Name);
     Q.Result = DevPart == Changes || DTypePart == Changes ? ConversionQuery::Copies
                : DevPart == Keeps && DTypePart == Keeps && !T.Unresolved
                    ? ConversionQuery::ReturnsSelf
@@ -1465,19 +1466,6 @@ TensorFact LayoutAnalysis::Impl::mixedLayout(const TensorFact &Self, const Tenso
 bool LayoutAnalysis::Impl::selfDecidesUnranked(const TensorFact &Self, const TensorFact &O) {
   return !Self.Sizes && Self.Contig == TensorFact::Yes && Self.SwapA < 0 && !Self.UnitDims &&
          !Self.MinChunks && (!O.Sizes || O.Sizes->size() <= 1);
-}
-
-// The number a Scalar argument was built from (`Scalar(0.5)`,
-// `optional<Scalar>(255)`), without its conversions.
-static const Expr *scalarSource(const Expr *A) {
-  for (int I = 0; A && I < 4; ++I) {
-    A = A->IgnoreImplicit();
-    const auto *CE = dyn_cast<CXXConstructExpr>(A);
-    if (!CE || CE->getNumArgs() != 1)
-      break;
-    A = CE->getArg(0);
-  }
-  return A ? A->IgnoreParenImpCasts() : nullptr;
 }
 
 // A floating-point number passed as a Scalar (`x * 0.5`, `x.add(t, 0.1)`).
