@@ -204,11 +204,15 @@ DeviceMismatchCheck::Sides DeviceMismatchCheck::sidesOf(llvm::ArrayRef<const Exp
     if (!F)
       continue;
     bool Scalar = F->Sizes ? F->Sizes->empty() : !F->HasDims; // may be a 0-dim CPU tensor
-    if (known(*F, TensorFact::CPU)) {
+    // A module's unregistered member stays behind when the module moves.
+    bool LeftBehind = Devices && Devices->hostMember(E);
+    if (known(*F, TensorFact::CPU) || LeftBehind) {
       // Not when the device facts put it on CUDA: the value of an op that
       // throws (reported there) or a fact one analysis cannot see.
-      if ((!Scalar || rejectsCpuScalars(Op)) && !onCuda(E, Devices))
-        S.Cpu = S.Cpu ? S.Cpu : E;
+      if (!S.Cpu && (!Scalar || LeftBehind || rejectsCpuScalars(Op)) && !onCuda(E, Devices)) {
+        S.Cpu = E;
+        S.LeftBehind = LeftBehind;
+      }
     } else if (DeviceKnown D = cudaSide(*F, E, Devices);
                D != DeviceKnown::Unknown && (!S.Cuda || (!nameOf(S.Cuda) && nameOf(E)))) {
       S.Cuda = E; // a named one when there is one: the fix-it moves to its device
@@ -249,7 +253,7 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
                           : "'" + std::string(Op->name) + "'";
   report({Call, reportLoc(Call), OpName, Cpu,
           CudaName ? textOf(CudaName, *Result.Context) + ".device()" : "", "'" + CudaText + "'",
-          false, S.IfAvailable},
+          false, S.IfAvailable, S.LeftBehind},
          Result);
 }
 
@@ -276,6 +280,22 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
          Result);
 }
 
+// The diagnostic: what is combined, why it throws, and Move, the advice.
+static std::string messageFor(const DeviceMismatchCheck::Mismatch &M, StringRef CpuText,
+                              StringRef Move) {
+  std::string Member = M.LeftBehind ? " (a member the module's to() does not move: it is not "
+                                      "registered)"
+                                    : "";
+  std::string Where = M.IfAvailable ? " on a machine with CUDA (its device is "
+                                      "'is_available() ? kCUDA : kCPU')"
+                                    : "";
+  return M.Op + " combines the CPU tensor '" + CpuText.str() + "'" + Member + " with " + M.Other +
+         ": throws at run time" + Where +
+         " ('Expected all tensors to be on the same device, but found at least two devices, "
+         "cuda:0 and cpu!'); move it with '" +
+         Move.str() + "'" + (M.LeftBehind ? " or register it with register_buffer" : "");
+}
+
 void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResult &Result) {
   ASTContext &Ctx = *Result.Context;
   if (!Reported.first(M.Loc))
@@ -290,14 +310,7 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
   std::string Moved = Base + ".to(" + M.Device + ")";
   bool Fixable = !M.Device.empty() && !M.Cpu->getBeginLoc().isMacroID() &&
                  !M.Cpu->getEndLoc().isMacroID() && !inTemplateInstantiation(M.Call, Ctx);
-  std::string Msg = M.Op + " combines the CPU tensor '" + CpuText + "' with " + M.Other +
-                    ": throws at run time" +
-                    (M.IfAvailable ? std::string(" on a machine with CUDA (its device is "
-                                                 "'is_available() ? kCUDA : kCPU')")
-                                   : std::string()) +
-                    " ('Expected all tensors to be on the same device, but "
-                    "found at least two devices, cuda:0 and cpu!'); move it with '" +
-                    (Fixable ? Moved : Base + ".to(<device>)") + "'";
+  std::string Msg = messageFor(M, CpuText, Fixable ? Moved : Base + ".to(<device>)");
   {
     auto D = diag(M.Loc, Msg, DiagnosticIDs::Error);
     if (Fixable)
@@ -314,6 +327,8 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
   F.Facts.push_back(M.IfAvailable ? Fact::DeviceCUDAIfAvailable : Fact::DevicesKnown);
   if (M.Module)
     F.Facts.push_back(Fact::ModuleMoved);
+  if (M.LeftBehind)
+    F.Facts.push_back(Fact::MemberNotRegistered);
   emitFinding(std::move(F));
 }
 

@@ -34,12 +34,14 @@ public:
     std::string Other;  // the CUDA side, for the message
     bool Module = false;
     bool IfAvailable = false; // the CUDA side's device is `is_available() ? kCUDA : kCPU`
+    bool LeftBehind = false;  // Cpu is a module's member its to() does not move
   };
 
   /// The first CPU operand (not a CPU scalar the op accepts) and a CUDA one.
   struct Sides {
     const Expr *Cpu = nullptr, *Cuda = nullptr;
     bool IfAvailable = false; // the CUDA side's device is `is_available() ? kCUDA : kCPU`
+    bool LeftBehind = false;  // Cpu: DeviceFacts::hostMember
   };
 
 private:

@@ -173,14 +173,15 @@ std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *
 }
 
 // Note [call-site facts]
-// Helpers take tensors by parameter and rarely say their rank or device:
+// Helpers take tensors by parameter and rarely say their rank, device or dtype:
 // `merge_heads(const Tensor &o)` returns `o.transpose(1, 2).reshape(...)`, a
 // copy at rank 4 and no copy at rank 3; `luma(rgb)` multiplies by a host
-// tensor, an error when every caller passes a CUDA image. Where every call in
+// tensor, an error when every caller passes a CUDA image; `add(frames)` copies
+// into a uint8 buffer what every caller passes as uint8. Where every call in
 // the main file (one at least) passes a contiguous tensor of one rank with no
-// size 1, or a tensor on one device the code shows, by its caller's facts
-// computed without this (one level of context), the parameter has that rank
-// or device. The size-1 rule keeps a helper written for any batch at the
+// size 1, or a tensor on one device or of one dtype the code shows, by its caller's facts
+// computed without this (one level of context), the parameter has that rank,
+// device or dtype. The size-1 rule keeps a helper written for any batch at the
 // defaults when a call passes `x.unsqueeze(0)`. Calls the index cannot see
 // leave the defaults: a virtual method, a function whose address escapes, a
 // module's forward (called through its holder), a caller being analysed.
@@ -204,6 +205,10 @@ ParamFacts AnalysisManager::paramFacts(const FunctionDecl *FD) {
       if (A->Sizes != All->Sizes)
         All->Sizes.reset();
       meetDevice(*All, *All, *A);
+      if (A->DType != All->DType) {
+        All->DType = {};
+        All->ElemSize = 0;
+      }
       All->RankShown |= A->RankShown;
     }
     if (All && All->says())
@@ -213,7 +218,7 @@ ParamFacts AnalysisManager::paramFacts(const FunctionDecl *FD) {
 }
 
 // What the I-th argument of FD is at S, by its caller's facts: its rank when
-// contiguous with no size 1, its device when the code shows it.
+// contiguous with no size 1, its device and dtype when the code shows them.
 std::optional<ParamFact> AnalysisManager::argumentFact(const CallSites::Site &S,
                                                        const FunctionDecl *FD, unsigned I) {
   unsigned Shift = isa<CXXOperatorCallExpr>(S.Call) && isa<CXXMethodDecl>(FD) ? 1 : 0;
@@ -236,6 +241,10 @@ std::optional<ParamFact> AnalysisManager::argumentFact(const CallSites::Site &S,
     A.Device = F->Device;
     A.DeviceRuntime = F->DeviceRuntime;
     A.DeviceIfAvailable = F->DeviceIfAvailable;
+  }
+  if (!F->DTypeAssumed) {
+    A.DType = F->DType;
+    A.ElemSize = F->ElemSize;
   }
   return A;
 }

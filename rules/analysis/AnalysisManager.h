@@ -10,6 +10,7 @@
 #include "analysis/GradFacts.h"
 #include "analysis/LayoutAnalysis.h"
 #include "analysis/LoopAnalysis.h"
+#include "analysis/ModuleDevices.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
@@ -45,6 +46,8 @@ public:
   GradClassFacts &gradClasses() { return GradClasses; }
   /// Where the main file calls each function (built on first use).
   CallSites &calls();
+  /// Where the user's module class RD computes (Note [module device]).
+  DeviceKnown moduleDevice(const CXXRecordDecl *RD) { return Modules.of(RD, *this); }
 
 private:
   /// The analysis of S's function in Slots, made by Make(FD) on first use.
@@ -84,6 +87,7 @@ private:
   ASTContext &Ctx;
   llvm::DenseSet<const FunctionDecl *> InLayout; // being analysed
   std::optional<CallSites> Calls;                // built on first use
+  ModuleDevices Modules;
   std::optional<FrozenParameters> Frozen;        // built on first use
   llvm::DenseSet<const FunctionDecl *> InEntryQuery;
   llvm::DenseSet<const FunctionDecl *> InGrad; // autograd facts being computed

@@ -154,6 +154,54 @@ static const CXXRecordDecl *heldImpl(const CXXRecordDecl *RD) {
   return nullptr;
 }
 
+const CXXRecordDecl *userModuleClass(QualType T) {
+  T = T.getNonReferenceType();
+  if (T->isPointerType())
+    T = T->getPointeeType();
+  const CXXRecordDecl *RD = T->getAsCXXRecordDecl();
+  const auto *TS = dyn_cast_or_null<ClassTemplateSpecializationDecl>(RD);
+  if (TS && TS->getIdentifier() && TS->getName() == "shared_ptr" && TS->isInStdNamespace() &&
+      TS->getTemplateArgs().size() >= 1 &&
+      TS->getTemplateArgs()[0].getKind() == TemplateArgument::Type)
+    RD = TS->getTemplateArgs()[0].getAsType()->getAsCXXRecordDecl();
+  if (const CXXRecordDecl *Impl = heldImpl(RD))
+    RD = Impl;
+  RD = RD ? RD->getDefinition() : nullptr;
+  return RD && isModuleRecord(RD) && !isTensorLibraryCode(RD) ? RD : nullptr;
+}
+
+// S calls one of Names (a direct callee's plain name).
+static bool callsNamed(const Stmt *S, llvm::ArrayRef<llvm::StringRef> Names) {
+  if (const auto *C = dyn_cast_or_null<CallExpr>(S))
+    if (const FunctionDecl *F = C->getDirectCallee();
+        F && F->getIdentifier() && llvm::is_contained(Names, F->getName()))
+      return true;
+  return S && llvm::any_of(S->children(), [&](const Stmt *C) { return callsNamed(C, Names); });
+}
+
+static constexpr llvm::StringRef kRegisters[] = {"register_module", "register_parameter",
+                                                 "register_buffer"};
+
+// S registers member F by name: `register_module("fc", fc)` as a statement.
+static bool registersMember(const Stmt *S, const FieldDecl *F) {
+  const auto *C = dyn_cast_or_null<CallExpr>(S);
+  const FunctionDecl *Callee = C ? C->getDirectCallee() : nullptr;
+  if (Callee && Callee->getIdentifier() && llvm::is_contained(kRegisters, Callee->getName()) &&
+      C->getNumArgs() >= 2 && ownMember(stripHandle(C->getArg(1))) == F)
+    return true;
+  return S && llvm::any_of(S->children(), [&](const Stmt *C) { return registersMember(C, F); });
+}
+
+bool movesWithModule(const FieldDecl *F) {
+  if (llvm::any_of(valuesOfField(F), [](const Expr *V) { return callsNamed(V, kRegisters); }))
+    return true;
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  return RD && llvm::any_of(RD->methods(), [&](const CXXMethodDecl *M) {
+           const FunctionDecl *Def = M->getDefinition();
+           return Def && registersMember(Def->getBody(), F);
+         });
+}
+
 const CXXMethodDecl *holderForward(const CallExpr *Call) {
   if (!isModuleCall(Call))
     return nullptr;

@@ -51,6 +51,14 @@ bool isTorchModuleBase(const CXXRecordDecl *RD);
 /// A module value: an Impl or a holder (Linear, Sequential, AnyModule...).
 bool isModuleHolderType(QualType T);
 
+/// The user's module class a value of type T is or holds (a holder's Impl,
+/// the record itself, through a pointer or shared_ptr); null for the library's.
+const CXXRecordDecl *userModuleClass(QualType T);
+
+/// F, a member of a module class, moves with its module (`to`, `cuda`): a
+/// value of F registers it (register_module, register_parameter, register_buffer).
+bool movesWithModule(const FieldDecl *F);
+
 /// `m(x)`: the call operator of a module value.
 bool isModuleCall(const CallExpr *Call);
 /// The user's `forward` a holder's `m(x)` runs (`Dec` of `TORCH_MODULE(Dec)`

@@ -11,10 +11,7 @@
 
 namespace clang::tidy::tensor {
 
-namespace {
-
-// Two values a variable may hold: CUDA only when both are.
-DeviceKnown meet(DeviceKnown A, DeviceKnown B) {
+DeviceKnown meetDevices(DeviceKnown A, DeviceKnown B) {
   if (A == B)
     return A;
   if ((A == DeviceKnown::CUDA && B == DeviceKnown::CUDAIfAvailable) ||
@@ -22,6 +19,8 @@ DeviceKnown meet(DeviceKnown A, DeviceKnown B) {
     return DeviceKnown::CUDAIfAvailable;
   return DeviceKnown::Unknown;
 }
+
+namespace {
 
 // Variables followed from one expression to what it was computed from: the
 // expressions themselves are walked whole (they hold no cycle).
@@ -172,7 +171,7 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
     Hypothesis[Key] = D;
   if (It != Assigned.end())
     for (const Expr *R : It->second)
-      D = meet(D, Of(R));
+      D = meetDevices(D, Of(R));
   // D is the hypothesis (confirmed) or weaker (a sound answer either way).
   Hypothesis.erase(Key);
   InProgress.erase(Key);
@@ -263,7 +262,7 @@ DeviceKnown DeviceFacts::ofField(const FieldDecl *F, unsigned Depth) {
     return DeviceKnown::Unknown;
   DeviceKnown D = deviceNamed(Values.front(), Depth + 1);
   for (const Expr *V : llvm::drop_begin(Values))
-    D = meet(D, deviceNamed(V, Depth + 1));
+    D = meetDevices(D, deviceNamed(V, Depth + 1));
   return FieldKnown[F] = D;
 }
 
@@ -287,7 +286,7 @@ DeviceKnown DeviceFacts::ofDeviceParam(const ParmVarDecl *P, unsigned Depth) {
                               : AM.devicesAt(S.Call);
     DeviceKnown K = Caller ? Caller->deviceNamed(S.Call->getArg(I), Depth + 1)
                            : DeviceKnown::Unknown;
-    D = D ? meet(*D, K) : K;
+    D = D ? meetDevices(*D, K) : K;
   }
   return ParamKnown[P] = *D;
 }
@@ -321,7 +320,7 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
                 F = deviceNamed(CO->getFalseExpr(), Depth);
     if (asksAvailability(CO->getCond()) && T == DeviceKnown::CUDA && F == DeviceKnown::NotCUDA)
       return DeviceKnown::CUDAIfAvailable;
-    return meet(T, F);
+    return meetDevices(T, F);
   }
   // torch::Device(kCUDA, 0), TensorOptions(device), optional<Device>.
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E))
@@ -424,7 +423,7 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
   // A module member every constructor moves to CUDA computes on CUDA.
   if (const Expr *M = calledModule(C))
     if (const FieldDecl *F = rootModuleMember(M); F && onCUDA(ofModuleMember(F, Depth)))
-      return DeviceKnown::CUDA;
+      return ofModuleMember(F, Depth);
   // torch::nll_loss(out, target), model->forward(x), a function of ours: a
   // CUDA input means a CUDA computation, unless ours moves something to the host.
   const FunctionDecl *Def = C->getDirectCallee() ? C->getDirectCallee()->getDefinition() : nullptr;
@@ -465,9 +464,13 @@ DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
     return It->second;
   ModuleMembers[F] = DeviceKnown::Unknown; // a move computed from itself
   const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
-  // A module class's members move with it (`net->to(d)` from anywhere).
-  if (!RD || !RD->hasDefinition() || isModuleRecord(RD))
+  if (!RD || !RD->hasDefinition())
     return DeviceKnown::Unknown;
+  // A module class's registered members move with it (Note [module device]).
+  if (isModuleRecord(RD))
+    return ModuleMembers[F] = movesWithModule(F)
+                                  ? AnalysisManager::get(Model, Ctx).moduleDevice(RD)
+                                  : DeviceKnown::Unknown;
   DeviceKnown D = DeviceKnown::Unknown;
   bool Any = false;
   for (const CXXMethodDecl *M : RD->methods()) {
@@ -486,11 +489,53 @@ DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
                       : Mv->getNumArgs() && isDeviceLikeType(Mv->getArg(0)->getType())
                           ? deviceNamed(Mv->getArg(0), Depth + 1)
                           : DeviceKnown::Unknown;
-      D = Any ? meet(D, K) : K;
+      D = Any ? meetDevices(D, K) : K;
       Any = true;
     }
   }
   return ModuleMembers[F] = D == DeviceKnown::CUDA ? D : DeviceKnown::Unknown;
+}
+
+// The factory call V is made from, through tensor methods (`view`, `to(kLong)`).
+static const CallExpr *factoryRoot(const Expr *V, const TensorModel &Model) {
+  for (int I = 0; V && I < 8; ++I) {
+    const auto *C = dyn_cast<CallExpr>(stripHandle(V));
+    if (C && TensorModel::isFactoryCall(C))
+      return C;
+    const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(C);
+    V = MC && Model.isTensorExpr(MC->getImplicitObjectArgument()) ? MC->getImplicitObjectArgument()
+                                                                  : nullptr;
+  }
+  return nullptr;
+}
+
+// `torch::tensor(0.5)`, `scalar_tensor(x)`: a 0-dim tensor, which CUDA ops accept.
+static bool madeScalar(const CallExpr *Factory) {
+  StringRef N = calleeName(Factory);
+  return N == "scalar_tensor" ||
+         (N == "tensor" && Factory->getNumArgs() &&
+          scalarSource(Factory->getArg(0))->getType()->isArithmeticType());
+}
+
+bool DeviceFacts::hostMember(const Expr *E) {
+  const auto *F = E ? dyn_cast_or_null<FieldDecl>(ownMember(stripHandle(E))) : nullptr;
+  if (!F || !Model.isTensorType(F->getType()) ||
+      !isModuleRecord(dyn_cast<CXXRecordDecl>(F->getParent())) || movesWithModule(F))
+    return false;
+  auto [It, New] = HostMembers.try_emplace(F, false);
+  if (New)
+    It->second = madeOnHost(F);
+  return It->second;
+}
+
+bool DeviceFacts::madeOnHost(const FieldDecl *F) {
+  llvm::SmallVector<const Expr *, 4> Values = valuesOfField(F);
+  AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
+  return !Values.empty() && llvm::all_of(Values, [&](const Expr *V) {
+    const CallExpr *Root = factoryRoot(V, Model);
+    DeviceFacts *D = Root && !madeScalar(Root) ? AM.devicesAt(V) : nullptr;
+    return D && D->deviceOf(V) == DeviceKnown::NotCUDA;
+  });
 }
 
 bool DeviceFacts::bodyMovesToHost(const FunctionDecl *Def) {
@@ -510,7 +555,7 @@ DeviceKnown DeviceFacts::ofTensorVector(const VarDecl *V, unsigned Depth) {
   }
   std::optional<DeviceKnown> D;
   for (const Expr *E : Values)
-    D = D ? meet(*D, deviceOf(E, Depth + 1)) : deviceOf(E, Depth + 1);
+    D = D ? meetDevices(*D, deviceOf(E, Depth + 1)) : deviceOf(E, Depth + 1);
   VectorInProgress.erase(V);
   return D.value_or(DeviceKnown::Unknown);
 }
@@ -565,7 +610,7 @@ std::optional<DeviceKnown> DeviceFacts::ofLocalField(const VarDecl *V, const Fie
       It != FieldAssigned.end() ? llvm::ArrayRef<const Expr *>(It->second) : std::nullopt;
   DeviceKnown D = Init ? deviceOf(Init, Depth + 1) : deviceOf(Values.front(), Depth + 1);
   for (const Expr *R : Init ? Values : Values.drop_front())
-    D = meet(D, deviceOf(R, Depth + 1));
+    D = meetDevices(D, deviceOf(R, Depth + 1));
   return D;
 }
 
@@ -599,7 +644,7 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
     return V ? ofVar(V, false, Depth) : DeviceKnown::Unknown;
   }
   if (const auto *CO = dyn_cast<ConditionalOperator>(E))
-    return meet(deviceOf(CO->getTrueExpr(), Depth), deviceOf(CO->getFalseExpr(), Depth));
+    return meetDevices(deviceOf(CO->getTrueExpr(), Depth), deviceOf(CO->getFalseExpr(), Depth));
   if (const auto *UO = dyn_cast<UnaryOperator>(E))
     return deviceOf(UO->getSubExpr(), Depth);
   if (const auto *ME = dyn_cast<MemberExpr>(E); ME && Model.isTensorExpr(ME))
@@ -611,6 +656,11 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
   if (const auto *ME = dyn_cast<MemberExpr>(E); ME && Model.isTensorExpr(ME))
     if (const FieldDecl *F = rootModuleMember(ME->getBase()); F && onCUDA(ofModuleMember(F, Depth)))
       return DeviceKnown::CUDA;
+  // `W_` in a module's method: a registered parameter or buffer.
+  if (const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(E));
+      F && Model.isTensorType(F->getType()) &&
+      isModuleRecord(dyn_cast<CXXRecordDecl>(F->getParent())))
+    return ofModuleMember(F, Depth);
   if (const auto *C = dyn_cast<CallExpr>(E))
     return ofCall(C, Depth);
   return DeviceKnown::Unknown;

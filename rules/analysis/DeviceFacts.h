@@ -25,6 +25,9 @@ enum class DeviceKnown : uint8_t {
   CUDAIfAvailable, // `torch::cuda::is_available() ? kCUDA : kCPU`: CUDA whenever there is one
 };
 
+/// Two values a tensor may hold: CUDA only when both are.
+DeviceKnown meetDevices(DeviceKnown A, DeviceKnown B);
+
 class DeviceFacts {
 public:
   DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const FunctionDecl *FD);
@@ -35,7 +38,13 @@ public:
   /// TensorOptions().device(d), a variable holding one).
   DeviceKnown deviceNamed(const Expr *D, unsigned Depth = 0);
 
+  /// E is a tensor member of a module class that its module's moves leave on
+  /// the host: never registered, every value made on the CPU with at least
+  /// one dimension (Note [module device]); memoised.
+  bool hostMember(const Expr *E);
+
 private:
+  bool madeOnHost(const FieldDecl *F);
   DeviceKnown ofVar(const VarDecl *V, bool IsDevice, unsigned Depth);
   /// The value V holds at Use when one assignment (or the declaration)
   /// certainly gives it: see Note [reaching assignment]; else null.
@@ -50,7 +59,8 @@ private:
   /// function passes (`train(model, data, device)` from main).
   DeviceKnown ofDeviceParam(const ParmVarDecl *P, unsigned Depth);
   /// A module member of a plain class (not itself a module) that every
-  /// constructor moves to CUDA and no other method moves: CUDA; memoised.
+  /// constructor moves to CUDA and no other method moves: CUDA; a registered
+  /// member of a module class: its class's device (Note [module device]); memoised.
   DeviceKnown ofModuleMember(const FieldDecl *F, unsigned Depth);
   /// The module member of `this` whose module E runs or reads a tensor of
   /// (`unet_->forward(x)`, `model_(x)`, `model_->emb->weight`), or null.
@@ -107,6 +117,7 @@ private:
   llvm::DenseMap<const ParmVarDecl *, DeviceKnown> ParamKnown; // ofDeviceParam's answers
   llvm::DenseMap<const FunctionDecl *, bool> HostMovers;
   llvm::DenseMap<const FieldDecl *, DeviceKnown> ModuleMembers;
+  llvm::DenseMap<const FieldDecl *, bool> HostMembers; // hostMember's answers
 };
 
 } // namespace clang::tidy::tensor

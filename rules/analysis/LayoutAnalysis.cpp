@@ -1651,8 +1651,8 @@ void LayoutAnalysis::Impl::forgetWrittenArgs(const CallExpr *Call, State &S) {
   }
 }
 
-// A tensor parameter: an input taken as contiguous, of the rank and on the
-// device its callers show (sizes its own symbols, as `p.size(d)` names them,
+// A tensor parameter: an input taken as contiguous, of the rank, device and
+// dtype its callers show (sizes its own symbols, as `p.size(d)` names them,
 // or their constants).
 TensorFact LayoutAnalysis::Impl::paramFact(const ParmVarDecl *P) {
   TensorFact F = assumedInput(P, "'" + P->getName().str() + "'", P->getName());
@@ -1671,6 +1671,11 @@ TensorFact LayoutAnalysis::Impl::paramFact(const ParmVarDecl *P) {
     F.DeviceAssumed = false;
     F.DeviceRuntime = C.DeviceRuntime;
     F.DeviceIfAvailable = C.DeviceIfAvailable;
+  }
+  if (!C.DType.empty()) {
+    F.DType = C.DType;
+    F.ElemSize = C.ElemSize;
+    F.DTypeAssumed = false;
   }
   return F;
 }

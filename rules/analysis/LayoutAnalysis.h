@@ -196,11 +196,15 @@ struct ParamFact {
   TensorFact::DeviceKind Device = TensorFact::AnyDevice;
   bool DeviceRuntime = false;
   bool DeviceIfAvailable = false; // as TensorFact's
+  llvm::StringRef DType;           // the dtype every call shows, if one
+  unsigned ElemSize = 0;
   /// Some call passes a tensor whose rank its caller knows, whatever its
   /// layout: the rank is not the reader's guess (Note [no-op at the smallest
   /// rank]).
   bool RankShown = false;
-  bool says() const { return Sizes || Device != TensorFact::AnyDevice || RankShown; }
+  bool says() const {
+    return Sizes || Device != TensorFact::AnyDevice || RankShown || !DType.empty();
+  }
 };
 using ParamFacts = llvm::DenseMap<const ParmVarDecl *, ParamFact>;
 

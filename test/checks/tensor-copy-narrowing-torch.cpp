@@ -350,3 +350,23 @@ void appendTokens(torch::Tensor &generated, const torch::Tensor &scores,
   // CHECK-MESSAGES: :[[@LINE-1]]:20: warning: copy_ silently converts int64 to int32 (the destination's dtype): values out of range wrap around; make the conversion explicit with 'next.to(out.scalar_type())' [tensor-copy-narrowing]
   generated.copy_(out);
 }
+
+// Call-site dtypes (Note [call-site facts]): what every call passes decides
+// the parameter's dtype; the float32 default holds only where no call shows one.
+struct PixelBuffer {
+  Tensor frames_ = torch::zeros({64, 84, 84}, torch::kUInt8);
+  Tensor values_ = torch::zeros({64});
+  int64_t n_ = 0;
+  void add(const Tensor &frame) { frames_[n_++].copy_(frame); }
+  void addValue(const Tensor &v) { values_[n_].copy_(v); }
+  // CHECK-MESSAGES: :[[@LINE-1]]:48: warning: copy_ silently converts float64 to float32 (the destination's dtype): precision (and range) is lost; make the conversion explicit with 'v.to(values_.scalar_type())' [tensor-copy-narrowing]
+  // CHECK-FIXES: void addValue(const Tensor &v) { values_[n_].copy_(v.to(values_.scalar_type())); }
+};
+void fillPixels(PixelBuffer &buf, int64_t steps) {
+  auto stack = torch::zeros({84, 84}, torch::kUInt8);
+  for (int64_t i = 0; i < steps; ++i) {
+    buf.add(stack);
+    buf.addValue(torch::ones({}, torch::kDouble));
+  }
+  buf.add(torch::full({84, 84}, 3, torch::kUInt8));
+}

@@ -571,3 +571,71 @@ void denoise(const std::vector<torch::Tensor> &clips) {
     // CHECK-MESSAGES: :[[@LINE-1]]:27: error: 'sub_' combines the CPU tensor 'bias.select(0, 0).narrow(0, 0, 4) * 0.1' with 'audio.narrow(0, 0, 4)': throws at run time ('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!'); move it with '(bias.select(0, 0).narrow(0, 0, 4) * 0.1).to(<device>)'
   }
 }
+
+// Note [module device]: a module's to() moves what it registered. A tensor
+// member made on the host and never registered stays there, while the
+// registered layers compute on the device the model was moved to.
+struct WarpHeadImpl : torch::nn::Module {
+  WarpHeadImpl() : fc(16, 6) {
+    register_module("fc", fc);
+    identity_ = torch::tensor({1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0.0f}).view({1, 2, 3});
+    shift_ = register_buffer("shift", torch::zeros({1, 2, 3}));
+    scale_ = torch::tensor(0.5);
+  }
+  Tensor forward(const Tensor &x) {
+    auto delta = torch::tanh(fc->forward(x)).view({-1, 2, 3});
+    auto theta = delta + identity_;
+    // CHECK-MESSAGES: :[[@LINE-1]]:24: error: '+' combines the CPU tensor 'identity_' (a member the module's to() does not move: it is not registered) with 'delta': throws at run time on a machine with CUDA (its device is 'is_available() ? kCUDA : kCPU') ('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!'); move it with 'identity_.to(delta.device())' or register it with register_buffer [tensor-device-mismatch]
+    // CHECK-FIXES: auto theta = delta + identity_.to(delta.device());
+    auto moved = delta + identity_.to(delta.device());
+    return theta + shift_ + moved * scale_; // registered; a 0-dim CPU tensor
+  }
+  torch::nn::Linear fc{nullptr};
+  Tensor identity_, shift_, scale_;
+};
+TORCH_MODULE(WarpHead);
+
+// The class computes where every model holding it is moved: here inside a
+// registered submodule of the model main moves.
+struct WarpNetImpl : torch::nn::Module {
+  WarpNetImpl() : head(register_module("head", WarpHead())) {}
+  Tensor forward(const Tensor &x) { return head->forward(x); }
+  WarpHead head;
+};
+TORCH_MODULE(WarpNet);
+
+// Never moved (only to a dtype): the member and the layers share the CPU.
+struct HostHeadImpl : torch::nn::Module {
+  HostHeadImpl() : fc(register_module("fc", torch::nn::Linear(16, 6))) {
+    identity_ = torch::eye(3).narrow(0, 0, 2).unsqueeze(0);
+  }
+  Tensor forward(const Tensor &x) { return fc->forward(x).view({-1, 2, 3}) + identity_; }
+  torch::nn::Linear fc;
+  Tensor identity_;
+};
+TORCH_MODULE(HostHead);
+
+// Moved to CUDA and back to the host: the class's device is unknown.
+struct ExportHeadImpl : torch::nn::Module {
+  ExportHeadImpl() : fc(register_module("fc", torch::nn::Linear(16, 6))) {
+    identity_ = torch::eye(3).narrow(0, 0, 2).unsqueeze(0);
+  }
+  Tensor forward(const Tensor &x) { return fc->forward(x).view({-1, 2, 3}) + identity_; }
+  torch::nn::Linear fc;
+  Tensor identity_;
+};
+TORCH_MODULE(ExportHead);
+
+void trainWarp(const Tensor &batch) {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  WarpNet net;
+  net->to(device);
+  HostHead host;
+  host->to(torch::kDouble);
+  ExportHead exported;
+  exported->to(torch::kCUDA);
+  auto out = net->forward(batch.to(device)) + exported->forward(batch.cuda());
+  exported->to(torch::kCPU);
+  torch::save(exported, "head.pt");
+  host->forward(batch.to(torch::kDouble));
+}
