@@ -261,6 +261,79 @@ bool nameTaken(const FunctionDecl *FD, StringRef Name, const SourceManager &SM,
   return Text.empty();
 }
 
+// A method call of a std::vector (`trace.push_back(v)`, `trace.back()`).
+StringRef vectorMethod(const Stmt *S) {
+  const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(S);
+  const CXXMethodDecl *M = MC ? MC->getMethodDecl() : nullptr;
+  const CXXRecordDecl *RD = M ? M->getParent() : nullptr;
+  return RD && RD->getIdentifier() && RD->getName() == "vector" && RD->isInStdNamespace() &&
+                 M->getIdentifier()
+             ? M->getName()
+             : "";
+}
+
+// E's value goes to a log: an argument of printf, or `os << E`.
+bool printed(const Expr *E, ASTContext &Ctx) {
+  const Stmt *Cur = E;
+  for (int I = 0; I < 8; ++I) {
+    DynTypedNodeList Ps = Ctx.getParents(*Cur);
+    const Stmt *P = Ps.empty() ? nullptr : Ps[0].get<Stmt>();
+    if (!P)
+      return false;
+    if (const auto *C = dyn_cast<CallExpr>(P); C && isPrintf(C))
+      return true;
+    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(P))
+      return OC->getOperator() == OO_LessLess && OC->getNumArgs() == 2 &&
+             OC->getArg(0) != Cur && isOstream(OC->getArg(0)->getType());
+    if (!isa<ImplicitCastExpr, ParenExpr, ExplicitCastExpr, MaterializeTemporaryExpr,
+             CXXBindTemporaryExpr, ExprWithCleanups, ConditionalOperator>(P))
+      return false; // `t.empty() ? 0.0 : t.back()` picks what is printed
+    Cur = P;
+  }
+  return false;
+}
+
+// Each use of V in S fills it or reads a number of it into a log; Printed:
+// one use prints an element (not only the count).
+bool onlyFilledAndPrinted(const Stmt *S, const VarDecl *V, ASTContext &Ctx, bool &Printed) {
+  if (!S)
+    return true;
+  if (const auto *D = dyn_cast<DeclRefExpr>(S); D && D->getDecl() == V) {
+    DynTypedNodeList Ps = Ctx.getParents(*D);
+    if (const auto *IC = Ps.empty() ? nullptr : Ps[0].get<ImplicitCastExpr>()) // to const
+      Ps = Ctx.getParents(*IC);
+    const auto *ME = Ps.empty() ? nullptr : Ps[0].get<MemberExpr>();
+    DynTypedNodeList Calls = ME ? Ctx.getParents(*ME) : DynTypedNodeList(DynTypedNode());
+    const Stmt *Call = ME && !Calls.empty() ? Calls[0].get<Stmt>() : nullptr;
+    StringRef M = vectorMethod(Call);
+    if (llvm::is_contained({"push_back", "emplace_back", "reserve", "clear"}, M))
+      return true;
+    bool Element = M == "back" || M == "front";
+    if ((!Element && M != "size" && M != "empty") || !printed(cast<Expr>(Call), Ctx))
+      return false;
+    Printed |= Element;
+    return true;
+  }
+  return llvm::all_of(S->children(),
+                      [&](const Stmt *C) { return onlyFilledAndPrinted(C, V, Ctx, Printed); });
+}
+
+// `trace.push_back(x.item<double>())` into a local vector of numbers that the
+// function only fills and prints from (`trace.back()` in a log line): a log.
+// Printing only its size() keeps the numbers as data.
+bool pushedToLog(const Stmt *Push, ASTContext &Ctx) {
+  if (!llvm::is_contained({"push_back", "emplace_back"}, vectorMethod(Push)))
+    return false;
+  const auto *MC = cast<CXXMemberCallExpr>(Push);
+  const auto *D = dyn_cast<DeclRefExpr>(MC->getImplicitObjectArgument()->IgnoreParenImpCasts());
+  const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+  const FunctionDecl *FD = enclosingFunction(MC, Ctx);
+  bool Printed = false;
+  return V && V->isLocalVarDecl() && !V->getType()->isReferenceType() && FD &&
+         MC->getNumArgs() == 1 && MC->getArg(0)->getType()->isArithmeticType() &&
+         onlyFilledAndPrinted(FD->getBody(), V, Ctx, Printed) && Printed;
+}
+
 } // namespace
 
 // A local arithmetic variable made from the host value: every use in the loop is a sink.
@@ -332,7 +405,7 @@ SyncInLoopCheck::Sink SyncInLoopCheck::sinkOf(const Expr *Value, const Stmt *Loo
         R.What = Sink::Log;
       return R;
     }
-    if (const auto *C = dyn_cast<CallExpr>(P); C && isPrintf(C))
+    if (const auto *C = dyn_cast<CallExpr>(P); C && (isPrintf(C) || pushedToLog(C, Ctx)))
       R.What = Sink::Log;
     return R;
   }

@@ -8,25 +8,29 @@
 namespace clang::tidy::tensor {
 
 namespace {
-// 255 or 255.0: the largest 8-bit value.
-bool is255(const Expr *E) {
+// 255 (the largest 8-bit value: pixels to [0, 1]) or 127.5 (half of it:
+// pixels to [0, 2], then `sub_(1)` to [-1, 1]).
+bool isPixelScale(const Expr *E) {
   E = scalarSource(E);
   if (const auto *I = dyn_cast_or_null<IntegerLiteral>(E))
     return I->getValue() == 255;
   const auto *F = dyn_cast_or_null<FloatingLiteral>(E);
-  return F && F->getValueAsApproximateDouble() == 255.0;
+  return F && (F->getValueAsApproximateDouble() == 255.0 ||
+               F->getValueAsApproximateDouble() == 127.5);
 }
 
-// `x.div_(255)` / `x /= 255`, pixel bytes scaled to [0, 1] in place: x.
+// `x.div_(255)` / `x /= 255` (or 127.5), pixel bytes scaled in place: x.
 const Expr *bytesScaled(const Stmt *S) {
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S)) {
     const CXXMethodDecl *MD = MC->getMethodDecl();
     bool Div = MD && MD->getIdentifier() && MD->getName() == "div_";
-    return Div && MC->getNumArgs() >= 1 && is255(MC->getArg(0)) ? MC->getImplicitObjectArgument()
-                                                                 : nullptr;
+    return Div && MC->getNumArgs() >= 1 && isPixelScale(MC->getArg(0))
+               ? MC->getImplicitObjectArgument()
+               : nullptr;
   }
   const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
-  return OC && OC->getOperator() == OO_SlashEqual && OC->getNumArgs() == 2 && is255(OC->getArg(1))
+  return OC && OC->getOperator() == OO_SlashEqual && OC->getNumArgs() == 2 &&
+                 isPixelScale(OC->getArg(1))
              ? OC->getArg(0)
              : nullptr;
 }
@@ -43,7 +47,8 @@ bool scalesAsBytes(const Stmt *S, const VarDecl *V) {
 
 // Note [pixel bytes]
 // `auto x = frames.to(kFloat); x.div_(255)`: real code converts 8-bit pixels
-// this way, and divides by 255 only what held bytes. Such a conversion of an
+// this way (or to [-1, 1]: `div_(127.5).sub_(1)`), and divides by 255 (or
+// 127.5) only what held bytes. Such a conversion of an
 // input of unknown dtype copies: the data says more than the float32 default.
 // A dtype the code shows (an assertion, a factory's) still decides.
 bool AnalysisManager::convertsBytes(const CallExpr *Conv) {

@@ -486,3 +486,28 @@ void runBoth(Net &model, torch::optim::Optimizer &opt, const torch::Tensor &data
   fitAnywhere(model, opt, data, device);
   fitAnywhere(model, opt, data, torch::kCPU);
 }
+
+// A vector of numbers the function only fills and prints from is a log; one
+// whose numbers go anywhere else (a tensor, a decision) holds data.
+void lossCurves(torch::nn::Linear &net, int64_t steps) {
+  torch::Device device(torch::kCUDA);
+  net->to(device);
+  std::vector<double> curve, kept, counted;
+  std::vector<float> norms;
+  std::vector<torch::Tensor> snapshots;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto loss = net->forward(torch::randn({4, 8}, torch::TensorOptions(device))).pow(2).mean();
+    loss.backward();
+    curve.push_back(loss.item<double>());
+    // CHECK-MESSAGES: :[[@LINE-1]]:26: warning: 'item' of CUDA tensor 'loss' copies it to the host and waits for the GPU on every iteration, only to log it; log every N steps, or accumulate on the device and read once after the loop [tensor-sync-in-loop]
+    kept.push_back(loss.item<double>());
+    norms.push_back(net->weight.grad().norm().item<float>());
+    counted.push_back(loss.item<double>()); // only its size is printed: data
+    snapshots.push_back(net->weight.detach().cpu());
+  }
+  std::printf("%zu values, %zu snapshots\n", counted.size(), snapshots.size());
+  std::printf("final %.4f over %zu steps\n", curve.empty() ? 0.0 : curve.back(), curve.size());
+  auto trend = torch::tensor(kept);
+  if (norms.back() > 10.0f)
+    std::printf("exploding\n");
+}

@@ -260,7 +260,7 @@ void fit(Gaussians& model, const std::vector<Camera>& cams, const std::vector<to
       model->opacity_logits.fill_(-4.6); // EXPECT: tensor-inplace-on-leaf
       raster.begin_stats(model->means.size(0), device);
     }
-    loss_log.push_back(loss.item<float>()); // LOOKALIKE: tensor-graph-kept-across-iterations -- a host float keeps no graph
+    loss_log.push_back(loss.item<float>()); // EXPECT: tensor-sync-in-loop // LOOKALIKE: tensor-graph-kept-across-iterations -- a host float keeps no graph
     if (it % 100 == 0) std::cout << "iter " << it << " loss " << loss_log.back() << "\n";
   }
   auto seen = count_views(model->means.detach(), cams_d, cfg);
