@@ -272,6 +272,15 @@ StringRef vectorMethod(const Stmt *S) {
              : "";
 }
 
+// P logs its operand Cur: a printf call, or `os << Cur`.
+bool logs(const Stmt *P, const Stmt *Cur) {
+  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(P))
+    return OC->getOperator() == OO_LessLess && OC->getNumArgs() == 2 && OC->getArg(0) != Cur &&
+           isOstream(OC->getArg(0)->getType());
+  const auto *C = dyn_cast<CallExpr>(P);
+  return C && isPrintf(C);
+}
+
 // E's value goes to a log: an argument of printf, or `os << E`.
 bool printed(const Expr *E, ASTContext &Ctx) {
   const Stmt *Cur = E;
@@ -280,11 +289,8 @@ bool printed(const Expr *E, ASTContext &Ctx) {
     const Stmt *P = Ps.empty() ? nullptr : Ps[0].get<Stmt>();
     if (!P)
       return false;
-    if (const auto *C = dyn_cast<CallExpr>(P); C && isPrintf(C))
-      return true;
-    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(P))
-      return OC->getOperator() == OO_LessLess && OC->getNumArgs() == 2 &&
-             OC->getArg(0) != Cur && isOstream(OC->getArg(0)->getType());
+    if (isa<CallExpr>(P))
+      return logs(P, Cur);
     if (!isa<ImplicitCastExpr, ParenExpr, ExplicitCastExpr, MaterializeTemporaryExpr,
              CXXBindTemporaryExpr, ExprWithCleanups, ConditionalOperator>(P))
       return false; // `t.empty() ? 0.0 : t.back()` picks what is printed
@@ -399,13 +405,7 @@ SyncInLoopCheck::Sink SyncInLoopCheck::sinkOf(const Expr *Value, const Stmt *Loo
       Cur = P;
       continue;
     }
-    if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(P)) {
-      if (OC->getOperator() == OO_LessLess && OC->getNumArgs() == 2 && OC->getArg(0) != Cur &&
-          isOstream(OC->getArg(0)->getType()))
-        R.What = Sink::Log;
-      return R;
-    }
-    if (const auto *C = dyn_cast<CallExpr>(P); C && (isPrintf(C) || pushedToLog(C, Ctx)))
+    if (logs(P, Cur) || pushedToLog(P, Ctx))
       R.What = Sink::Log;
     return R;
   }

@@ -33,7 +33,8 @@ public:
   const LayoutAnalysis *layoutAt(const Stmt *S);
   /// What the layout facts say a conversion call (`to`, `contiguous`) does.
   const ConversionQuery *conversionAt(const CallExpr *Call);
-  /// A conversion to a floating dtype of pixel bytes (Note [pixel bytes]).
+  /// Conv's result is pixel bytes scaled in place (Note [pixel bytes]): a
+  /// conversion to a floating dtype (ConversionQuery::ToFloating) of them copies.
   bool convertsBytes(const CallExpr *Conv);
   /// The loop analysis of the function or lambda enclosing S (null if none).
   LoopAnalysis *loopsAt(const Stmt *S);
@@ -48,6 +49,8 @@ public:
   CallSites &calls();
   /// Where the user's module class RD computes (Note [module device]).
   DeviceKnown moduleDevice(const CXXRecordDecl *RD) { return Modules.of(RD, *this); }
+  /// ModuleDevices::touchedOutside, indexed once per TU.
+  bool moduleFieldTouchedOutside(const FieldDecl *F) { return Modules.touchedOutside(F, Ctx); }
 
 private:
   /// The analysis of S's function in Slots, made by Make(FD) on first use.
@@ -60,7 +63,7 @@ private:
   /// What every call passes FD's tensor parameters, where the calls agree
   /// (Note [call-site facts]).
   ParamFacts paramFacts(const FunctionDecl *FD);
-  /// convertsBytes without its memo: Conv's result is scaled by 1/255 in place.
+  /// convertsBytes without its memo: Conv's result is divided by 255 (or 127.5) in place.
   bool scaledAsBytes(const CallExpr *Conv);
   std::optional<ParamFact> argumentFact(const CallSites::Site &S, const FunctionDecl *FD,
                                         unsigned I);

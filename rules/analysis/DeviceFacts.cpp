@@ -116,7 +116,7 @@ StringRef calleeName(const CallExpr *C) {
 } // namespace
 
 DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const FunctionDecl *FD)
-    : Model(Model), Ctx(Ctx), Vectors(Model, FD ? FD->getBody() : nullptr) {
+    : Model(Model), Ctx(Ctx), Fn(FD), Vectors(Model, FD ? FD->getBody() : nullptr) {
   llvm::SmallVector<const Stmt *, 64> Work{FD ? FD->getBody() : nullptr};
   while (!Work.empty()) {
     const Stmt *S = Work.pop_back_val();
@@ -459,6 +459,17 @@ const FieldDecl *DeviceFacts::rootModuleMember(const Expr *E) {
   return nullptr;
 }
 
+DeviceKnown DeviceFacts::deviceOfMove(const CXXMemberCallExpr *MC, unsigned Depth) {
+  StringRef N = MC->getMethodDecl()->getName();
+  if (N == "cuda")
+    return DeviceKnown::CUDA;
+  if (N == "cpu")
+    return DeviceKnown::NotCUDA;
+  return MC->getNumArgs() && isDeviceLikeType(MC->getArg(0)->getType())
+             ? deviceNamed(MC->getArg(0), Depth)
+             : DeviceKnown::Unknown;
+}
+
 DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
   if (auto It = ModuleMembers.find(F); It != ModuleMembers.end())
     return It->second;
@@ -466,11 +477,15 @@ DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
   const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
   if (!RD || !RD->hasDefinition())
     return DeviceKnown::Unknown;
-  // A module class's registered members move with it (Note [module device]).
-  if (isModuleRecord(RD))
-    return ModuleMembers[F] = movesWithModule(F)
+  // A module class's registered members move with it (Note [module device]),
+  // after construction: its constructor runs before any move.
+  if (isModuleRecord(RD)) {
+    bool InCtor = isa_and_nonnull<CXXConstructorDecl>(Fn) &&
+                  cast<CXXConstructorDecl>(Fn)->getParent() == RD;
+    return ModuleMembers[F] = !InCtor && movesWithModule(F)
                                   ? AnalysisManager::get(Model, Ctx).moduleDevice(RD)
                                   : DeviceKnown::Unknown;
+  }
   DeviceKnown D = DeviceKnown::Unknown;
   bool Any = false;
   for (const CXXMethodDecl *M : RD->methods()) {
@@ -483,12 +498,7 @@ DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
     if (Ctor && Moves.empty())
       return DeviceKnown::Unknown; // a constructor leaves it where it was made
     for (const CallExpr *Mv : Moves) {
-      StringRef N = cast<CXXMemberCallExpr>(Mv)->getMethodDecl()->getName();
-      DeviceKnown K = N == "cuda"  ? DeviceKnown::CUDA
-                      : N == "cpu" ? DeviceKnown::NotCUDA
-                      : Mv->getNumArgs() && isDeviceLikeType(Mv->getArg(0)->getType())
-                          ? deviceNamed(Mv->getArg(0), Depth + 1)
-                          : DeviceKnown::Unknown;
+      DeviceKnown K = deviceOfMove(cast<CXXMemberCallExpr>(Mv), Depth + 1);
       D = Any ? meetDevices(D, K) : K;
       Any = true;
     }
@@ -496,31 +506,41 @@ DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
   return ModuleMembers[F] = D == DeviceKnown::CUDA ? D : DeviceKnown::Unknown;
 }
 
-// The factory call V is made from, through tensor methods (`view`, `to(kLong)`).
+// The factory call V is made from, through tensor methods that keep or add
+// dimensions (`view`, `unsqueeze`, `to(kLong)`; not a reduction such as `sum`).
 static const CallExpr *factoryRoot(const Expr *V, const TensorModel &Model) {
   for (int I = 0; V && I < 8; ++I) {
     const auto *C = dyn_cast<CallExpr>(stripHandle(V));
     if (C && TensorModel::isFactoryCall(C))
       return C;
     const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(C);
-    V = MC && Model.isTensorExpr(MC->getImplicitObjectArgument()) ? MC->getImplicitObjectArgument()
-                                                                  : nullptr;
+    bool KeepsDims = MC && llvm::is_contained({"view", "reshape", "unsqueeze", "to", "contiguous",
+                                                "clone", "transpose", "permute", "t", "repeat",
+                                                "expand", "flatten", "narrow", "float", "double"},
+                                               calleeName(MC));
+    V = KeepsDims && Model.isTensorExpr(MC->getImplicitObjectArgument())
+            ? MC->getImplicitObjectArgument()
+            : nullptr;
   }
   return nullptr;
 }
 
-// `torch::tensor(0.5)`, `scalar_tensor(x)`: a 0-dim tensor, which CUDA ops accept.
-static bool madeScalar(const CallExpr *Factory) {
+// The factory makes a tensor of rank >= 1: `tensor` of a list, `zeros({n, d})`,
+// `eye(n)`, `arange(n)`; not `tensor(0.5)`, `zeros({})` or `zeros(x.sizes())`.
+static bool madeWithDims(const CallExpr *Factory) {
   StringRef N = calleeName(Factory);
-  return N == "scalar_tensor" ||
-         (N == "tensor" && Factory->getNumArgs() &&
-          scalarSource(Factory->getArg(0))->getType()->isArithmeticType());
+  if (!Factory->getNumArgs())
+    return false;
+  if (N == "tensor")
+    return !scalarSource(Factory->getArg(0))->getType()->isArithmeticType();
+  if (llvm::is_contained({"zeros", "ones", "empty", "rand", "randn", "full"}, N))
+    return !bracedElements(Factory->getArg(0)).empty();
+  return llvm::is_contained({"eye", "arange", "linspace", "randperm"}, N);
 }
 
 bool DeviceFacts::hostMember(const Expr *E) {
   const auto *F = E ? dyn_cast_or_null<FieldDecl>(ownMember(stripHandle(E))) : nullptr;
-  if (!F || !Model.isTensorType(F->getType()) ||
-      !isModuleRecord(dyn_cast<CXXRecordDecl>(F->getParent())) || movesWithModule(F))
+  if (!F || !Model.isTensorType(F->getType()))
     return false;
   auto [It, New] = HostMembers.try_emplace(F, false);
   if (New)
@@ -529,11 +549,14 @@ bool DeviceFacts::hostMember(const Expr *E) {
 }
 
 bool DeviceFacts::madeOnHost(const FieldDecl *F) {
-  llvm::SmallVector<const Expr *, 4> Values = valuesOfField(F);
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
   AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
+  if (!isModuleRecord(RD) || movesWithModule(F) || AM.moduleFieldTouchedOutside(F))
+    return false;
+  llvm::SmallVector<const Expr *, 4> Values = valuesOfField(F);
   return !Values.empty() && llvm::all_of(Values, [&](const Expr *V) {
     const CallExpr *Root = factoryRoot(V, Model);
-    DeviceFacts *D = Root && !madeScalar(Root) ? AM.devicesAt(V) : nullptr;
+    DeviceFacts *D = Root && madeWithDims(Root) ? AM.devicesAt(V) : nullptr;
     return D && D->deviceOf(V) == DeviceKnown::NotCUDA;
   });
 }
@@ -655,7 +678,7 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
   // `model_->emb->weight`: a tensor of a module member moved to CUDA.
   if (const auto *ME = dyn_cast<MemberExpr>(E); ME && Model.isTensorExpr(ME))
     if (const FieldDecl *F = rootModuleMember(ME->getBase()); F && onCUDA(ofModuleMember(F, Depth)))
-      return DeviceKnown::CUDA;
+      return ofModuleMember(F, Depth);
   // `W_` in a module's method: a registered parameter or buffer.
   if (const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(E));
       F && Model.isTensorType(F->getType()) &&

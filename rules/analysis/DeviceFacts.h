@@ -13,6 +13,7 @@
 
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/Decl.h"
+#include "clang/AST/ExprCXX.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -42,6 +43,8 @@ public:
   /// the host: never registered, every value made on the CPU with at least
   /// one dimension (Note [module device]); memoised.
   bool hostMember(const Expr *E);
+  /// The device a module move names: `cuda()`, `cpu()`, `to(device[, dtype])`.
+  DeviceKnown deviceOfMove(const CXXMemberCallExpr *MC, unsigned Depth = 0);
 
 private:
   bool madeOnHost(const FieldDecl *F);
@@ -90,6 +93,7 @@ private:
 
   const TensorModel &Model;
   ASTContext &Ctx;
+  const FunctionDecl *Fn; // the function whose facts these are
   /// Every value assigned to a local variable after its declaration.
   llvm::DenseMap<const VarDecl *, llvm::SmallVector<const Expr *, 2>> Assigned;
   /// Every value assigned to a field of a local variable (`batch.x = ...`).

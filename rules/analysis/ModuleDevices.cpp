@@ -3,6 +3,7 @@
 #include "analysis/AnalysisManager.h"
 #include "analysis/AstHelpers.h"
 
+#include "clang/AST/RecursiveASTVisitor.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
 namespace clang::tidy::tensor {
@@ -30,18 +31,36 @@ void moduleClassesIn(const Stmt *S, llvm::SmallPtrSetImpl<const CXXRecordDecl *>
       moduleClassesIn(C, Out);
 }
 
-// The device a module move names: cuda(), cpu(), to(device[, dtype]).
-DeviceKnown deviceOfMove(const CXXMemberCallExpr *MC, AnalysisManager &AM) {
-  StringRef N = MC->getMethodDecl()->getName();
-  if (N == "cuda")
-    return DeviceKnown::CUDA;
-  if (N == "cpu")
-    return DeviceKnown::NotCUDA;
-  DeviceFacts *D = AM.devicesAt(MC);
-  return D && MC->getNumArgs() && isDeviceLikeType(MC->getArg(0)->getType())
-             ? D->deviceNamed(MC->getArg(0))
-             : DeviceKnown::Unknown;
-}
+// The fields a function names outside their own class (a derived class's
+// method, a free function, another class's method).
+class OutsideUses : public RecursiveASTVisitor<OutsideUses> {
+public:
+  explicit OutsideUses(llvm::DenseSet<const FieldDecl *> &Out) : Out(Out) {}
+  bool TraverseFunctionDecl(FunctionDecl *D) { return within(D, &Base::TraverseFunctionDecl); }
+  bool TraverseCXXMethodDecl(CXXMethodDecl *D) { return within(D, &Base::TraverseCXXMethodDecl); }
+  bool TraverseCXXConstructorDecl(CXXConstructorDecl *D) {
+    return within(D, &Base::TraverseCXXConstructorDecl);
+  }
+  bool VisitMemberExpr(MemberExpr *ME) {
+    const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
+    const auto *M = dyn_cast_or_null<CXXMethodDecl>(Fn);
+    if (F && Fn && (!M || M->getParent() != F->getParent()))
+      Out.insert(F);
+    return true;
+  }
+
+private:
+  using Base = RecursiveASTVisitor<OutsideUses>;
+  template <typename D> bool within(D *Decl, bool (Base::*Traverse)(D *)) {
+    const FunctionDecl *Outer = Fn;
+    Fn = Decl;
+    bool R = (this->*Traverse)(Decl);
+    Fn = Outer;
+    return R;
+  }
+  llvm::DenseSet<const FieldDecl *> &Out;
+  const FunctionDecl *Fn = nullptr;
+};
 
 // `model->to(torch::kHalf)`: a dtype move, which leaves the device.
 bool movesDtypeOnly(const CXXMemberCallExpr *MC) {
@@ -92,11 +111,29 @@ DeviceKnown ModuleDevices::of(const CXXRecordDecl *RD, AnalysisManager &AM) {
   std::optional<DeviceKnown> D;
   for (const auto &[Moved, Call] : Moves)
     if (holds(Moved, RD)) {
-      DeviceKnown K = deviceOfMove(Call, AM);
+      DeviceFacts *Facts = AM.devicesAt(Call);
+      DeviceKnown K = Facts ? Facts->deviceOfMove(Call) : DeviceKnown::Unknown;
       D = D ? meetDevices(*D, K) : K;
     }
   bool Cuda = D == DeviceKnown::CUDA || D == DeviceKnown::CUDAIfAvailable;
   return Memo[RD] = Cuda ? *D : DeviceKnown::Unknown;
+}
+
+bool ModuleDevices::touchedOutside(const FieldDecl *F, ASTContext &Ctx) {
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  if (RD && llvm::any_of(RD->methods(), [](const CXXMethodDecl *M) {
+        return M->getIdentifier() && llvm::is_contained({"to", "cuda", "_apply"}, M->getName());
+      }))
+    return true;
+  if (!Outside) {
+    Outside.emplace();
+    OutsideUses Visitor(*Outside);
+    const SourceManager &SM = Ctx.getSourceManager();
+    for (Decl *D : Ctx.getTranslationUnitDecl()->decls())
+      if (SM.isWrittenInMainFile(SM.getFileLoc(D->getLocation())))
+        Visitor.TraverseDecl(D);
+  }
+  return Outside->contains(F);
 }
 
 } // namespace clang::tidy::tensor

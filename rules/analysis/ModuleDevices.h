@@ -7,6 +7,9 @@
 #include "clang/AST/DeclCXX.h"
 #include "clang/AST/Expr.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <optional>
 
 #include <utility>
 #include <vector>
@@ -21,6 +24,10 @@ public:
   /// itself, or a module registering it) names: CUDA or CUDAIfAvailable when
   /// they agree on it, else Unknown; memoised.
   DeviceKnown of(const CXXRecordDecl *RD, AnalysisManager &AM);
+  /// Code outside F's class names F (`net->anchors_ = ...to(d)`), or the
+  /// class moves its own members (a `to`, `cuda` or `_apply` of its own):
+  /// where F lives is not its class's to decide.
+  bool touchedOutside(const FieldDecl *F, ASTContext &Ctx);
 
 private:
   void index(AnalysisManager &AM);
@@ -29,6 +36,7 @@ private:
   bool Indexed = false;
   std::vector<std::pair<const CXXRecordDecl *, const CXXMemberCallExpr *>> Moves;
   llvm::DenseMap<const CXXRecordDecl *, DeviceKnown> Memo;
+  std::optional<llvm::DenseSet<const FieldDecl *>> Outside; // touchedOutside's index
 };
 
 } // namespace clang::tidy::tensor

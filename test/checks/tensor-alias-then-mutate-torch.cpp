@@ -362,7 +362,7 @@ void stepFrames(torch::Tensor obs) {
   in.sub_(0.5);
   auto one = scaledFrame(obs[0]);
   one /= 2;
-  auto centred = obs.to(torch::kCUDA, torch::kFloat32); // to [-1, 1]: 127.5 is half of 255
+  auto centred = obs.to(torch::kFloat32); // to [-1, 1]: 127.5 is half of 255
   centred.div_(127.5).sub_(1.0);
 }
 

@@ -370,3 +370,12 @@ void fillPixels(PixelBuffer &buf, int64_t steps) {
   }
   buf.add(torch::full({84, 84}, 3, torch::kUInt8));
 }
+// Calls that disagree leave the default, which a float32 destination keeps.
+struct ValueLog {
+  Tensor values_ = torch::zeros({64});
+  void put(const Tensor &v, int64_t i) { values_[i].copy_(v); }
+};
+void fillValues(ValueLog &log) {
+  log.put(torch::ones({}, torch::kDouble), 0);
+  log.put(torch::ones({}), 1);
+}

@@ -604,6 +604,33 @@ struct WarpNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(WarpNet);
 
+// Members the class's own moves do not decide: registered by a statement,
+// moved by code outside the class, 0-dim, or read in the constructor (before
+// any move).
+struct GridHeadImpl : torch::nn::Module {
+  GridHeadImpl() : fc(register_module("fc", torch::nn::Linear(16, 6))) {
+    base_ = torch::ones({1, 2, 3});
+    register_buffer("base", base_);
+    grid_ = torch::zeros({1, 2, 3});
+    temp_ = torch::zeros({});
+    W_ = register_parameter("W", torch::randn({16, 6}));
+    W_.mul_(torch::rand({16, 6}) < 0.5);
+  }
+  Tensor forward(const Tensor &x) {
+    auto y = fc->forward(x).view({-1, 2, 3});
+    return (y + base_ + grid_) / temp_;
+  }
+  torch::nn::Linear fc;
+  Tensor base_, grid_, temp_, W_;
+};
+TORCH_MODULE(GridHead);
+void runGrid(const Tensor &batch) {
+  GridHead head;
+  head->to(torch::kCUDA);
+  head->grid_ = head->grid_.to(torch::kCUDA);
+  head->forward(batch.cuda());
+}
+
 // Never moved (only to a dtype): the member and the layers share the CPU.
 struct HostHeadImpl : torch::nn::Module {
   HostHeadImpl() : fc(register_module("fc", torch::nn::Linear(16, 6))) {

@@ -507,6 +507,7 @@ void lossCurves(torch::nn::Linear &net, int64_t steps) {
   }
   std::printf("%zu values, %zu snapshots\n", counted.size(), snapshots.size());
   std::printf("final %.4f over %zu steps\n", curve.empty() ? 0.0 : curve.back(), curve.size());
+  std::cout << "first " << kept.front() << "\n"; // printed, but also made a tensor below
   auto trend = torch::tensor(kept);
   if (norms.back() > 10.0f)
     std::printf("exploding\n");
