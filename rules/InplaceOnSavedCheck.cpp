@@ -34,6 +34,12 @@ bool graphLeaves(const FunctionDecl *FD, const TensorModel &Model) {
 }
 
 std::string opLabel(const CallExpr *Op) {
+  if (const Expr *M = calledModule(Op)) { // `fc2(x)`: the module, not its operator()
+    if (const auto *ME = dyn_cast<MemberExpr>(M))
+      return ME->getMemberDecl()->getNameAsString();
+    const auto *DRE = dyn_cast<DeclRefExpr>(M);
+    return DRE ? DRE->getDecl()->getNameAsString() : "the module";
+  }
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(Op))
     return std::string("operator") + getOperatorSpelling(OC->getOperator());
   if (const CXXMethodDecl *Fwd = customFunctionForward(Op)) // SafeLog::apply

@@ -5,6 +5,7 @@
 #include "clang/AST/ExprCXX.h"
 #include "clang/Analysis/CFG.h"
 #include "llvm/ADT/SmallPtrSet.h"
+#include "llvm/ADT/StringSwitch.h"
 
 #include <optional>
 
@@ -84,6 +85,96 @@ bool savesInputV(const GradFacts &G, const TensorModel &Model, const CallExpr *C
     if (namesDecl(Model.viewRoot(In[I]), V) && sem::savesInput(Saves, I, SelfRG, OtherRG))
       return true;
   return false;
+}
+
+// The op-table row a library module runs on its input (`torch::nn::Linear`:
+// linear); "" for modules whose row the table lacks.
+llvm::StringRef libraryModuleOp(llvm::StringRef Module) {
+  return llvm::StringSwitch<llvm::StringRef>(Module)
+      .Case("Linear", "linear")
+      .Case("Conv1d", "conv1d")
+      .Case("Conv2d", "conv2d")
+      .Cases("BatchNorm1d", "BatchNorm2d", "batch_norm")
+      .Case("LayerNorm", "layer_norm")
+      .Case("GELU", "gelu")
+      .Case("ELU", "elu")
+      .Case("LeakyReLU", "leaky_relu")
+      .Case("SiLU", "silu")
+      .Case("Softplus", "softplus")
+      .Case("Hardtanh", "hardtanh")
+      .Default("");
+}
+
+// The argument of module call Call that its forward's parameter I receives
+// (`m(x)` passes the module first).
+const Expr *moduleArg(const CallExpr *Call, unsigned I) {
+  unsigned Skip = isModuleCall(Call) ? 1 : 0;
+  return I + Skip < Call->getNumArgs() ? Call->getArg(I + Skip) : nullptr;
+}
+
+bool savesParamFirst(const TensorModel &Model, const FunctionDecl *FD, const ParmVarDecl *P,
+                     CalleeGrads Callees, unsigned Depth);
+
+// Module call Call, recorded, saved what V holds as its input: a library
+// module by its table row (its weight taken to require grad, as a trained
+// module's does), a user module whose forward saves that parameter first.
+bool moduleSavesInput(const GradFacts &G, const TensorModel &Model, const CallExpr *Call,
+                      const ValueDecl *V, CalleeGrads Callees, unsigned Depth) {
+  const Expr *M = calledModule(Call);
+  if (!M || !requiresGrad(G, Call) || Depth >= 2)
+    return false;
+  const Expr *In = moduleArg(Call, 0);
+  if (llvm::StringRef Op = libraryModuleOp(libraryModuleName(M->getType())); !Op.empty())
+    return In && namesDecl(Model.viewRoot(In), V) &&
+           sem::savesInput(sem::savesOf(Op), 0, requiresGrad(G, In), true);
+  const FunctionDecl *FD = readableBodyOf(Call);
+  if (!FD)
+    return false;
+  for (unsigned I = 0; I < FD->getNumParams(); ++I)
+    if (const Expr *A = moduleArg(Call, I); A && namesDecl(Model.viewRoot(A), V))
+      return savesParamFirst(Model, FD, FD->getParamDecl(I), Callees, Depth + 1);
+  return false;
+}
+
+// Call saved (the value of) V: an op of the table or a module call.
+bool savesV(const GradFacts &G, const TensorModel &Model, const CallExpr *Call, const ValueDecl *V,
+            CalleeGrads Callees, unsigned Depth) {
+  return savesInputV(G, Model, Call, V) || moduleSavesInput(G, Model, Call, V, Callees, Depth);
+}
+
+// FD's body saves parameter P's value on every path before anything
+// redefines or writes P (a forward whose first layer saves its input).
+bool savesParamFirst(const TensorModel &Model, const FunctionDecl *FD, const ParmVarDecl *P,
+                     CalleeGrads Callees, unsigned Depth) {
+  const GradFacts *G = Callees(FD);
+  const CFG *Cfg = G ? G->cfg() : nullptr;
+  if (!Cfg)
+    return false;
+  llvm::SmallVector<const CFGBlock *, 8> Work{&Cfg->getEntry()};
+  llvm::SmallPtrSet<const CFGBlock *, 16> Seen{&Cfg->getEntry()};
+  while (!Work.empty()) {
+    const CFGBlock *B = Work.pop_back_val();
+    if (B == &Cfg->getExit())
+      return false; // a path that never saved P
+    bool Saved = false;
+    for (const CFGElement &El : *B)
+      if (auto CS = El.getAs<CFGStmt>()) {
+        const Stmt *S = CS->getStmt();
+        const auto *E = dyn_cast<Expr>(S);
+        const Expr *T = E ? Model.inPlaceTarget(E) : nullptr;
+        if (definitionOf(S, P) || (T && namesDecl(Model.viewRoot(T), P)))
+          return false;
+        const auto *C = dyn_cast<CallExpr>(S);
+        if ((Saved = C && savesV(*G, Model, C, P, Callees, Depth)))
+          break;
+      }
+    if (Saved)
+      continue;
+    for (const CFGBlock *Succ : B->succs())
+      if (Succ && Seen.insert(Succ).second)
+        Work.push_back(Succ);
+  }
+  return true;
 }
 
 // The variables a statement names (`ctx->save_for_backward({x, out})`).
@@ -176,7 +267,7 @@ Step visitBack(const GradFacts &G, const TensorModel &Model, const ValueDecl *V,
   if (const auto *E = dyn_cast<Expr>(S))
     if (const Expr *T = Model.inPlaceTarget(E); T && namesDecl(Model.viewRoot(T), V))
       return Step::StopPath; // an earlier write: reported there
-  if (const auto *Call = dyn_cast<CallExpr>(S); Call && savesInputV(G, Model, Call, V)) {
+  if (const auto *Call = dyn_cast<CallExpr>(S); Call && savesV(G, Model, Call, V, Callees, Depth)) {
     Out.Op = Call;
     return Step::Found;
   }

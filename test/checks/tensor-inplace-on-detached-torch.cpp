@@ -56,7 +56,65 @@ void marginLog(torch::nn::Linear &scorer, const Tensor &x) {
   // CHECK-MESSAGES: :[[@LINE-1]]:3: note: 'diff' was saved for backward by an earlier op: backward() here raises
 }
 
+// A module call saves its input too: the critic's Linear keeps 'fake' for
+// the weight's gradient.
+void criticPreview(torch::nn::Linear &critic, torch::nn::Linear &gen, const Tensor &z) {
+  auto fake = gen(z);
+  auto score = critic(fake).mean();
+  auto preview = fake.detach();
+  preview.mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: in-place 'mul_' on 'preview' changes 'fake' behind autograd's back: 'detach()' shares storage and the version counter with its source [tensor-inplace-on-detached]
+  // CHECK-FIXES: {{^}}  auto preview = fake.detach().clone();{{$}}
+  score.backward();
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: note: 'fake' was saved for backward by an earlier op: backward() here raises
+}
+
+// ... and a user module whose forward's first layer saves its parameter.
+struct CriticImpl : torch::nn::Module {
+  CriticImpl() : fc(register_module("fc", torch::nn::Linear(8, 1))) {}
+  Tensor forward(const Tensor &x) { return torch::relu(fc(x)); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Critic);
+
+void criticShown(Critic &critic, torch::nn::Linear &gen, const Tensor &z) {
+  auto fake = gen(z);
+  auto loss = critic->forward(fake).mean();
+  auto shown = fake.detach();
+  shown.add_(1.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'add_' on 'shown' changes 'fake' behind autograd's back
+  // CHECK-FIXES: {{^}}  auto shown = fake.detach().clone();{{$}}
+  loss.backward();
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: note: 'fake' was saved for backward by an earlier op: backward() here raises
+}
+
 // ===== negatives (the idioms) ================================================
+
+// The forward saves 'x + 1', a new tensor, never its parameter: the write
+// through detach() is invisible to backward.
+struct ShiftedCriticImpl : torch::nn::Module {
+  ShiftedCriticImpl() : fc(register_module("fc", torch::nn::Linear(8, 1))) {}
+  Tensor forward(const Tensor &x) { return fc(x + 1.0); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ShiftedCritic);
+
+void shiftedShown(ShiftedCritic &critic, torch::nn::Linear &gen, const Tensor &z) {
+  auto fake = gen(z);
+  auto loss = critic(fake).mean();
+  auto shown = fake.detach();
+  shown.add_(1.0);
+  loss.backward();
+}
+
+// Dropout saves its mask, not its input.
+void droppedShown(torch::nn::Dropout &drop, torch::nn::Linear &gen, const Tensor &z) {
+  auto fake = gen(z);
+  auto loss = drop(fake).sum();
+  auto shown = fake.detach();
+  shown.add_(1.0);
+  loss.backward();
+}
 
 void loadWeights(torch::nn::Linear &fc, const Tensor &loaded) {
   fc->weight.data().copy_(loaded);

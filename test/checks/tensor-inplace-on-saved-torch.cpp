@@ -30,7 +30,7 @@ struct Res : torch::nn::Module {
   Tensor forwardReassigned(Tensor x) {
     x = torch::relu(fc1(x));
     x += fc2(x);
-    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place '+=' on 'x', which 'relu' saved
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place '+=' on 'x', which 'fc2' saved for backward (its input)
     return x;
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
