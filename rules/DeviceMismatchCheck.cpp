@@ -39,6 +39,28 @@ DeviceKnown cudaSide(const TensorFact &F, const Expr *E, DeviceFacts *Devices) {
   return !F.Throws && onCuda(E, Devices) ? Devices->deviceOf(E) : DeviceKnown::Unknown;
 }
 
+// E is a parameter, or a local handle copy of one (`Tensor p = p0;`): its
+// device is the callers'. Two such on two devices were passed so: the caller
+// made the mistake, and is where it is reported.
+bool fromCaller(const Expr *E) {
+  const VarDecl *V = varOf(E);
+  if (V && !isa<ParmVarDecl>(V) && V->isLocalVarDecl() && V->getInit())
+    V = varOf(V->getInit());
+  return isa_and_nonnull<ParmVarDecl>(V);
+}
+
+// The module E names has parameters to be on a device: a library module that
+// holds weights, or a module class of the user's.
+bool hasParameters(const Expr *E) {
+  E = moduleValue(E); // `fc` of `fc(x)`, not the ModuleHolder base its operator() takes
+  if (userModuleClass(E->getType()))
+    return true;
+  return llvm::is_contained({"Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
+                             "ConvTranspose2d", "Embedding", "EmbeddingBag", "LSTM", "GRU", "RNN",
+                             "LSTMCell", "GRUCell", "LayerNorm", "GroupNorm", "MultiheadAttention"},
+                            libraryModuleName(E->getType()));
+}
+
 // Ops PyTorch runs through TensorIterator accept a 0-dim CPU tensor next to
 // CUDA tensors (a "CPU scalar"); these do not (they need dim >= 1 anyway).
 bool rejectsCpuScalars(StringRef Op) {
@@ -243,7 +265,7 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
   Sides S = sidesOf(Es, *LA, AnalysisManager::get(Model, *Result.Context).devicesAt(Call),
                     Op->name);
   const Expr *Cpu = S.Cpu, *Cuda = S.Cuda;
-  if (!Cpu || !Cuda)
+  if (!Cpu || !Cuda || (fromCaller(Cpu) && fromCaller(Cuda)))
     return;
   // Moving the tensor an in-place op writes would write a temporary: no fix-it.
   bool WritesCpu = Op->storage == sem::Storage::InPlace && Cpu == Es.front();
@@ -267,16 +289,26 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
   const TensorFact *F = LA ? LA->factOf(Input) : nullptr;
   if (!Module || !Fn || !Fn->getBody() || !F || !known(*F, TensorFact::CPU))
     return;
-  MoveFinder Moves(Module, Call, *Result.Context,
-                   AnalysisManager::get(Model, *Result.Context).devicesAt(Call));
+  DeviceFacts *Devices = AnalysisManager::get(Model, *Result.Context).devicesAt(Call);
+  MoveFinder Moves(Module, Call, *Result.Context, Devices);
   Moves.TraverseStmt(Fn->getBody());
-  if (Moves.Device.empty())
-    return;
+  bool IfAvailable = Moves.IfAvailable;
+  if (Moves.Device.empty()) {
+    // A member module of a class its holders move (Note [module device]):
+    // no device expression here for a fix-it. Not a parameter known CPU from
+    // the callers: the call that passes it is reported.
+    DeviceKnown D = Devices && hasParameters(ModuleE) && !isa_and_nonnull<ParmVarDecl>(varOf(Input))
+                        ? Devices->cudaModuleMember(ModuleE)
+                        : DeviceKnown::Unknown;
+      if (D == DeviceKnown::Unknown)
+      return;
+    IfAvailable = D == DeviceKnown::CUDAIfAvailable;
+  }
   std::string Name = "'" + textOf(ModuleE, *Result.Context) + "'";
   const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
   std::string Method = MC ? MC->getMethodDecl()->getNameAsString() : "forward";
   report({Call, reportLoc(Call), "'" + Method + "'", Input, Moves.Device,
-          "the parameters of " + Name + ", moved to CUDA", true, Moves.IfAvailable},
+          "the parameters of " + Name + ", moved to CUDA", true, IfAvailable},
          Result);
 }
 
@@ -298,7 +330,11 @@ static std::string messageFor(const DeviceMismatchCheck::Mismatch &M, StringRef 
 
 void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResult &Result) {
   ASTContext &Ctx = *Result.Context;
-  if (!Reported.first(M.Loc))
+  // One report per CPU local: its later uses are the same mistake, mended
+  // where it is made.
+  const VarDecl *Local = varOf(M.Cpu);
+  if (!Reported.first(M.Loc) ||
+      (Local && Local->isLocalVarDecl() && !Reported.first(Local->getLocation())))
     return;
   std::string CpuText = textOf(M.Cpu, Ctx);
   const Expr *Cpu = stripHandle(M.Cpu);

@@ -35,9 +35,14 @@ const Stmt *enclosingStmt(const Stmt *S, ASTContext &Ctx) {
 
 // The call runs only on some iterations, or its value steers the loop: an
 // if/switch/?:/&&/|| between it and the loop, or the loop's own condition.
+// An `if` whose condition has the same value on every iteration
+// (`if (targets.defined())`) runs its branch on all of them or none: Fixed,
+// which a sum still counts for (a log under `if (verbose)` is opted into).
 // In a closure the loop runs (Note [Closures run by a loop]), the walk goes
 // on from the lambda once it leaves the lambda's body.
-bool underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
+enum class Guard { None, Fixed, Varying };
+Guard underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx, LoopAnalysis *LA) {
+  Guard G = Guard::None;
   const LambdaExpr *Closure =
       LoopAnalysis::inClosure(S, Loop, Ctx) ? lambdaAround(S, Ctx) : nullptr;
   for (const Stmt *Cur = S, *P = enclosingStmt(S, Ctx);; Cur = P, P = enclosingStmt(P, Ctx)) {
@@ -47,20 +52,26 @@ bool underCondition(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
       Closure = nullptr;
     }
     if (!P)
-      return true;
+      return Guard::Varying;
     if (P == Loop) {
       if (const auto *F = dyn_cast<ForStmt>(Loop))
-        return Cur == F->getCond();
+        return Cur == F->getCond() ? Guard::Varying : G;
       if (const auto *W = dyn_cast<WhileStmt>(Loop))
-        return Cur == W->getCond();
+        return Cur == W->getCond() ? Guard::Varying : G;
       if (const auto *D = dyn_cast<DoStmt>(Loop))
-        return Cur == D->getCond();
-      return false;
+        return Cur == D->getCond() ? Guard::Varying : G;
+      return G;
+    }
+    if (const auto *If = dyn_cast<IfStmt>(P); If && Cur != If->getCond() && !If->getInit() &&
+                                               !If->getConditionVariable() && LA &&
+                                               LA->isInvariant(If->getCond(), Loop)) {
+      G = Guard::Fixed;
+      continue;
     }
     if (isa<IfStmt, SwitchStmt, SwitchCase, AbstractConditionalOperator, LambdaExpr>(P))
-      return true;
+      return Guard::Varying;
     if (const auto *BO = dyn_cast<BinaryOperator>(P); BO && BO->isLogicalOp())
-      return true;
+      return Guard::Varying;
   }
 }
 
@@ -507,14 +518,17 @@ void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   ASTContext &Ctx = *Result.Context;
   const Stmt *Loop = Call ? LoopAnalysis::loopRunning(Call, Ctx) : nullptr;
   DeviceFacts *DF = Loop ? AnalysisManager::get(Model, Ctx).devicesAt(Call) : nullptr;
-  if (!DF || !Call->getMethodDecl() || underCondition(Call, Loop, Ctx) ||
-      besideStepLoop(Call, Loop))
+  const Guard G =
+      Loop ? underCondition(Call, Loop, Ctx, AnalysisManager::get(Model, Ctx).loopsAt(Loop))
+           : Guard::Varying;
+  if (!DF || !Call->getMethodDecl() || G == Guard::Varying || besideStepLoop(Call, Loop))
     return;
   std::optional<SyncSite> S = syncSite(Call, Model, *DF, Ctx);
   if (!S)
     return;
   Sink K = sinkOf(S->Value, Loop, Ctx);
-  if (K.What == Sink::Other || !Reported.first(reportLoc(Call)))
+  if (K.What == Sink::Other || (G == Guard::Fixed && K.What != Sink::Accumulate) ||
+      !Reported.first(reportLoc(Call)))
     return;
   const SourceManager &SM = *Result.SourceManager;
   StringRef Obj = Lexer::getSourceText(CharSourceRange::getTokenRange(S->Tensor->getSourceRange()),

@@ -217,6 +217,40 @@ def saves_disagreements(torch, F):
     return problems, len(probes)
 
 
+def inplace_saves_disagreements(torch):
+    """op_semantics.h's savesOfInPlace: `name_` saves its result exactly when
+    the TT_SAVES row of `name` saves its result. Probed on every row whose
+    in-place form takes no argument (exp_, relu_, log_...)."""
+    listed = dict(SAVES_ROW.findall((ROOT / "runtime/include/tt/ops.def").read_text()))
+    problems, probed = [], 0
+    for name, saves in sorted(listed.items()):
+        a = (torch.rand(4, 6) * 0.5 + 0.25).requires_grad_() * 1
+        method = getattr(a, name + "_", None)
+        if method is None:
+            continue
+        try:
+            out = method()
+        except (TypeError, RuntimeError):
+            continue  # needs arguments (clamp_, pow_): not derived here
+        with torch.no_grad():
+            out.mul_(1)
+        try:
+            out.sum().backward()
+            breaks = False
+        except NotImplementedError:
+            continue  # no derivative for the in-place form (atanh_ in 1.13)
+        except RuntimeError as e:
+            if "modified by an inplace operation" not in str(e):
+                raise
+            breaks = True
+        probed += 1
+        if breaks != (saves in ("Result", "SelfResult")):
+            problems.append("%s_: a write to its result %s backward, but savesOfInPlace says %s" % (
+                name, "breaks" if breaks else "does not break",
+                "it saves it" if not breaks else "it saves nothing"))
+    return problems, probed
+
+
 def reshapes_probes(torch):
     """name -> f(x) for in-place ops: the TT_RESHAPES_SELF rows and, on a
     transposed [4, 5] float tensor, in-place ops outside that list, which must
@@ -410,6 +444,11 @@ def main():
     for p in saves_problems:
         print(p)
     print("%d ops' saved tensors checked against PyTorch, %d disagreements" % (probed, len(saves_problems)))
+    inplace_problems, probed = inplace_saves_disagreements(torch)
+    for p in inplace_problems:
+        print(p)
+    print("%d in-place ops' saved results checked against PyTorch, %d disagreements" % (probed, len(inplace_problems)))
+    saves_problems += inplace_problems
     reshape_problems, probed = reshapes_disagreements(torch)
     for p in reshape_problems:
         print(p)

@@ -138,8 +138,9 @@ DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const Functi
 }
 
 DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) {
-  if (const auto *P = dyn_cast<ParmVarDecl>(V); P && IsDevice)
-    return ofDeviceParam(P, Depth);
+  if (const auto *P = dyn_cast<ParmVarDecl>(V);
+      P && (IsDevice || Model.isTensorType(P->getType())))
+    return ofParam(P, IsDevice, Depth);
   // Parameters, loop variables and globals someone else sets: not shown here.
   if (isa<ParmVarDecl>(V) || !V->getInit() ||
       (V->hasGlobalStorage() && !V->getType().isConstQualified()))
@@ -266,13 +267,14 @@ DeviceKnown DeviceFacts::ofField(const FieldDecl *F, unsigned Depth) {
   return FieldKnown[F] = D;
 }
 
-DeviceKnown DeviceFacts::ofDeviceParam(const ParmVarDecl *P, unsigned Depth) {
+DeviceKnown DeviceFacts::ofParam(const ParmVarDecl *P, bool IsDevice, unsigned Depth) {
   const auto *FD = dyn_cast<FunctionDecl>(P->getDeclContext());
   if (!FD || Assigned.count(P) || Depth > kMaxHops)
     return DeviceKnown::Unknown;
-  if (auto It = ParamKnown.find(P); It != ParamKnown.end())
+  const VarKey Key{P, IsDevice};
+  if (auto It = ParamKnown.find(Key); It != ParamKnown.end())
     return It->second;
-  ParamKnown[P] = DeviceKnown::Unknown; // a chain of calls back to FD
+  ParamKnown[Key] = DeviceKnown::Unknown; // a chain of calls back to FD
   AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
   std::optional<llvm::ArrayRef<CallSites::Site>> Sites = AM.calls().of(FD);
   const unsigned I = P->getFunctionScopeIndex();
@@ -284,11 +286,13 @@ DeviceKnown DeviceFacts::ofDeviceParam(const ParmVarDecl *P, unsigned Depth) {
     DeviceFacts *Caller = isa<CXXOperatorCallExpr>(S.Call) || I >= S.Call->getNumArgs()
                               ? nullptr
                               : AM.devicesAt(S.Call);
-    DeviceKnown K = Caller ? Caller->deviceNamed(S.Call->getArg(I), Depth + 1)
-                           : DeviceKnown::Unknown;
+    const Expr *A = Caller ? S.Call->getArg(I) : nullptr;
+    DeviceKnown K = !A         ? DeviceKnown::Unknown
+                    : IsDevice ? Caller->deviceNamed(A, Depth + 1)
+                               : Caller->deviceOf(A, Depth + 1);
     D = D ? meetDevices(*D, K) : K;
   }
-  return ParamKnown[P] = *D;
+  return ParamKnown[Key] = *D;
 }
 
 DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
@@ -410,6 +414,10 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
   }
   if (Obj && llvm::is_contained({"back", "front", "at"}, N) && !Model.isTensorExpr(Obj))
     return deviceOf(Obj, Depth); // an element of a list of tensors, as `[i]`
+  // A module member every constructor moves to CUDA computes on CUDA (`fc(x)`
+  // and `fc->forward(x)` alike).
+  if (const Expr *M = calledModule(C); M && cudaModuleMember(M, Depth) != DeviceKnown::Unknown)
+    return cudaModuleMember(M, Depth);
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
     // `halves[0]` of `auto halves = t.chunk(2)`: the list's device.
     if (OC->getOperator() == OO_Subscript && !Model.isTensorExpr(OC->getArg(0)))
@@ -420,10 +428,6 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
     return C->getNumArgs() ? deviceOf(C->getArg(0), Depth) : DeviceKnown::Unknown;
   if (TensorModel::isFactoryCall(C))
     return ofFactory(C, Depth);
-  // A module member every constructor moves to CUDA computes on CUDA.
-  if (const Expr *M = calledModule(C))
-    if (const FieldDecl *F = rootModuleMember(M); F && onCUDA(ofModuleMember(F, Depth)))
-      return ofModuleMember(F, Depth);
   // torch::nll_loss(out, target), model->forward(x), a function of ours: a
   // CUDA input means a CUDA computation, unless ours moves something to the host.
   const FunctionDecl *Def = C->getDirectCallee() ? C->getDirectCallee()->getDefinition() : nullptr;
@@ -446,6 +450,12 @@ static void movesOf(const Stmt *S, const FieldDecl *F, llvm::SmallVectorImpl<con
   }
   for (const Stmt *Child : S->children())
     movesOf(Child, F, Out);
+}
+
+DeviceKnown DeviceFacts::cudaModuleMember(const Expr *E, unsigned Depth) {
+  const FieldDecl *F = rootModuleMember(E);
+  DeviceKnown D = F ? ofModuleMember(F, Depth) : DeviceKnown::Unknown;
+  return onCUDA(D) ? D : DeviceKnown::Unknown;
 }
 
 const FieldDecl *DeviceFacts::rootModuleMember(const Expr *E) {

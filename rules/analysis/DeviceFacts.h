@@ -43,6 +43,10 @@ public:
   /// the host: never registered, every value made on the CPU with at least
   /// one dimension (Note [module device]); memoised.
   bool hostMember(const Expr *E);
+  /// The device of the parameters of the module E names when it is a member
+  /// of `this` moved to CUDA (`fc`, `model_->fc` of a class its holders move,
+  /// Note [module device]); Unknown otherwise.
+  DeviceKnown cudaModuleMember(const Expr *E, unsigned Depth = 0);
   /// The device a module move names: `cuda()`, `cpu()`, `to(device[, dtype])`.
   DeviceKnown deviceOfMove(const CXXMemberCallExpr *MC, unsigned Depth = 0);
 
@@ -58,9 +62,10 @@ private:
   /// An assignment to V within S, outside Except.
   bool assignsWithin(const VarDecl *V, const Stmt *S, const Stmt *Except = nullptr) const;
   DeviceKnown ofField(const FieldDecl *F, unsigned Depth);
-  /// A device parameter the body never assigns: what every call of its
-  /// function passes (`train(model, data, device)` from main).
-  DeviceKnown ofDeviceParam(const ParmVarDecl *P, unsigned Depth);
+  /// A device (IsDevice) or tensor parameter the body never assigns: what
+  /// every call of its function passes (`train(model, data, device)`,
+  /// `evaluate(model, test_x.to(device))` from main).
+  DeviceKnown ofParam(const ParmVarDecl *P, bool IsDevice, unsigned Depth);
   /// A module member of a plain class (not itself a module) that every
   /// constructor moves to CUDA and no other method moves: CUDA; a registered
   /// member of a module class: its class's device (Note [module device]); memoised.
@@ -118,7 +123,7 @@ private:
   CutState Cut;
   /// ofField's answers (Unknown while in progress: a field set from itself).
   llvm::DenseMap<const FieldDecl *, DeviceKnown> FieldKnown;
-  llvm::DenseMap<const ParmVarDecl *, DeviceKnown> ParamKnown; // ofDeviceParam's answers
+  llvm::DenseMap<VarKey, DeviceKnown> ParamKnown; // ofParam's answers
   llvm::DenseMap<const FunctionDecl *, bool> HostMovers;
   llvm::DenseMap<const FieldDecl *, DeviceKnown> ModuleMembers;
   llvm::DenseMap<const FieldDecl *, bool> HostMembers; // hostMember's answers

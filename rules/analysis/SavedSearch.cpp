@@ -57,6 +57,14 @@ llvm::StringRef opName(const CallExpr *Call, const TensorModel &Model) {
   return Op ? llvm::StringRef(Op->name.data(), Op->name.size()) : "";
 }
 
+// What Call saves: its table row's TT_SAVES, or, for an in-place op, what
+// op_semantics' savesOfInPlace derives (`exp_` saves its result).
+sem::Saves savesOfCall(const CallExpr *Call, const TensorModel &Model) {
+  llvm::StringRef Name = opName(Call, Model);
+  sem::Saves S = sem::savesOf(Name);
+  return S != sem::Saves::Nothing ? S : sem::savesOfInPlace(Name);
+}
+
 // The call's tensor inputs, self first.
 llvm::SmallVector<const Expr *, 3> tensorInputs(const CallExpr *Call, const TensorModel &Model) {
   llvm::SmallVector<const Expr *, 3> In;
@@ -75,7 +83,7 @@ bool requiresGrad(const GradFacts &G, const Expr *E) {
 // Call saved (the value of) V as one of its inputs, autograd recording it.
 bool savesInputV(const GradFacts &G, const TensorModel &Model, const CallExpr *Call,
                  const ValueDecl *V) {
-  sem::Saves Saves = sem::savesOf(opName(Call, Model));
+  sem::Saves Saves = savesOfCall(Call, Model);
   if (Saves == sem::Saves::Nothing || !requiresGrad(G, Call))
     return false;
   auto In = tensorInputs(Call, Model);
@@ -218,7 +226,7 @@ const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const 
   const auto *Call = dyn_cast_or_null<CallExpr>(Init ? Model.viewRoot(Init) : nullptr);
   if (!Call || !requiresGrad(G, Call))
     return nullptr;
-  if (sem::savesResult(sem::savesOf(opName(Call, Model))))
+  if (sem::savesResult(savesOfCall(Call, Model)))
     return Call;
   const CXXMethodDecl *Fwd = customFunctionForward(Call);
   return Fwd && forwardSavesResult(Fwd) ? Call : nullptr;
@@ -265,8 +273,14 @@ Step visitBack(const GradFacts &G, const TensorModel &Model, const ValueDecl *V,
     return Out.Op ? Step::Found : Step::StopPath;
   }
   if (const auto *E = dyn_cast<Expr>(S))
-    if (const Expr *T = Model.inPlaceTarget(E); T && namesDecl(Model.viewRoot(T), V))
-      return Step::StopPath; // an earlier write: reported there
+    if (const Expr *T = Model.inPlaceTarget(E); T && namesDecl(Model.viewRoot(T), V)) {
+      // An earlier write: reported there, unless it saved what it wrote
+      // (`msg.relu_();` then `msg.mul_(keep)`).
+      const auto *Call = dyn_cast<CallExpr>(E);
+      Out.Op = Call && namesDecl(T, V) ? savesResult(G, Model, Call) : nullptr;
+      Out.Result = Out.Op != nullptr;
+      return Out.Op ? Step::Found : Step::StopPath;
+    }
   if (const auto *Call = dyn_cast<CallExpr>(S); Call && savesV(G, Model, Call, V, Callees, Depth)) {
     Out.Op = Call;
     return Step::Found;

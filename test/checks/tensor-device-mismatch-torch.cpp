@@ -74,8 +74,19 @@ void structFieldOnCuda(Scorer &model, const Tensor &batch, const std::vector<int
   auto out = model.forward(x);
   auto ce = torch::nll_loss(out.logits, labels);
   // CHECK-MESSAGES: :[[@LINE-1]]:13: error: 'nll_loss' combines the CPU tensor 'labels' with 'out.logits'
-  auto ce2 = torch::nll_loss(model.forward(x).logits, labels);
-  // CHECK-MESSAGES: :[[@LINE-1]]:14: error: 'nll_loss' combines the CPU tensor 'labels' with 'model.forward(x).logits'
+  auto targets = torch::tensor(ids, torch::kLong);
+  auto ce2 = torch::nll_loss(model.forward(x).logits, targets);
+  // CHECK-MESSAGES: :[[@LINE-1]]:14: error: 'nll_loss' combines the CPU tensor 'targets' with 'model.forward(x).logits'
+}
+
+// One report per CPU local: its later uses are the same mistake, mended
+// where it is made.
+Tensor noisedOnce(const Tensor &audio) {
+  auto x = audio.to(torch::kCUDA);
+  auto noise = torch::randn({4, 16});
+  auto noisy = x + noise;
+  // CHECK-MESSAGES: :[[@LINE-1]]:18: error: '+' combines the CPU tensor 'noise' with 'x'
+  return torch::l1_loss(noisy, noise);
 }
 
 // A forward that returns a tuple: structured bindings of it are on the input's device.
@@ -642,16 +653,51 @@ struct HostHeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(HostHead);
 
-// Moved to CUDA and back to the host: the class's device is unknown.
+// Moved to CUDA and back to the host: the class's device is unknown; but its
+// only caller passes a CUDA tensor (Note [device parameters]), so the layer's
+// output is on CUDA there.
 struct ExportHeadImpl : torch::nn::Module {
   ExportHeadImpl() : fc(register_module("fc", torch::nn::Linear(16, 6))) {
     identity_ = torch::eye(3).narrow(0, 0, 2).unsqueeze(0);
   }
   Tensor forward(const Tensor &x) { return fc->forward(x).view({-1, 2, 3}) + identity_; }
+  // CHECK-MESSAGES: :[[@LINE-1]]:76: error: '+' combines the CPU tensor 'identity_' (a member the module's to() does not move: it is not registered) with 'fc->forward(x).view({-1, 2, 3})': throws at run time
   torch::nn::Linear fc;
   Tensor identity_;
 };
 TORCH_MODULE(ExportHead);
+
+// Member modules of a class moved to CUDA: their outputs are on CUDA
+// (`fc(x)` as `fc->forward(x)`), and a CPU input to one that holds weights
+// throws; Dropout holds none.
+struct PointerHeadImpl : torch::nn::Module {
+  PointerHeadImpl()
+      : out(register_module("out", torch::nn::Linear(16, 8))),
+        pos_emb(register_module("pos_emb", torch::nn::Embedding(32, 16))),
+        drop(register_module("drop", torch::nn::Dropout(0.1))) {}
+  Tensor forward(const Tensor &h) {
+    auto pos = torch::arange(h.size(1), torch::kLong);
+    auto x = h + pos_emb(pos);
+    // CHECK-MESSAGES: :[[@LINE-1]]:18: error: 'forward' combines the CPU tensor 'pos' with the parameters of 'pos_emb', moved to CUDA: throws at run time on a machine with CUDA (its device is 'is_available() ? kCUDA : kCPU') ('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!'); move it with 'pos.to(<device>)' [tensor-device-mismatch]
+    auto dist = torch::softmax(out(x), -1);
+    auto extra = torch::zeros({dist.size(0), dist.size(1), 4});
+    auto extended = torch::cat({dist, extra}, -1);
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: error: 'cat' combines the CPU tensor 'extra' with 'dist'
+    auto mask = drop(torch::ones({4, 16}));
+    return extended.sum(-1) + mask.sum();
+  }
+  torch::nn::Linear out;
+  torch::nn::Embedding pos_emb;
+  torch::nn::Dropout drop;
+};
+TORCH_MODULE(PointerHead);
+
+void trainPointer(const Tensor &h) {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  PointerHead head;
+  head->to(device);
+  head(h.to(device));
+}
 
 void trainWarp(const Tensor &batch) {
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);

@@ -555,3 +555,22 @@ torch::Tensor sdfStep(SdfHead &decoder, const torch::Tensor &x, const torch::Ten
   loss.backward();
   return loss;
 }
+
+// An in-place op whose out-of-place form saves its result saves what it
+// wrote (exp_, relu_, sigmoid_, tanh_, sqrt_); log_ saves nothing reachable.
+void rbf(torch::nn::Linear &fc, const Tensor &x, double scale) {
+  auto k = fc(x).pow(2).mul(-0.5).exp_();
+  k.mul_(scale);
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: error: in-place 'mul_' on 'k', which 'exp_' saved for backward (its result)
+  k.sum().backward();
+}
+void droppedMessages(torch::nn::Linear &fc, const Tensor &x) {
+  auto msg = fc(x);
+  msg.relu_();
+  msg.mul_(torch::rand({1}) > 0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: error: in-place 'mul_' on 'msg', which 'relu_' saved for backward (its result)
+  auto logs = fc(x).abs();
+  logs.log_();
+  logs.mul_(2.0);
+  (msg.sum() + logs.sum()).backward();
+}

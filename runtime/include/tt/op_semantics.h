@@ -74,11 +74,23 @@ inline constexpr NamedRow<Saves> kSaves[] = {
 #undef TT_OP
 };
 
+// Whether the op saves its result for backward.
+constexpr bool savesResult(Saves s) { return s == Saves::Result || s == Saves::SelfResult; }
 constexpr Saves savesOf(std::string_view name) { return valueIn(kSaves, name, Saves::Nothing); }
 
-// Whether the op saves its result / its tensor argument `index` (0: self, 1:
-// the other) for backward, given which arguments require grad.
-constexpr bool savesResult(Saves s) { return s == Saves::Result || s == Saves::SelfResult; }
+// What the in-place op `name_` saves: its result when the out-of-place op's
+// backward reads its result (exp_, relu_, sigmoid_, tanh_, sqrt_: the
+// written tensor itself); nothing a later write can reach otherwise (the
+// original self is gone). scripts/check_op_table.py checks both against PyTorch.
+constexpr Saves savesOfInPlace(std::string_view name) {
+  if (name.size() < 2 || name.back() != '_')
+    return Saves::Nothing;
+  const Saves base = savesOf(name.substr(0, name.size() - 1));
+  return savesResult(base) ? Saves::Result : Saves::Nothing;
+}
+
+// Whether the op saves its tensor argument `index` (0: self, 1: the other)
+// for backward, given which arguments require grad.
 constexpr bool savesInput(Saves s, int index, bool selfRequiresGrad, bool otherRequiresGrad) {
   switch (s) {
   case Saves::Self:
