@@ -44,11 +44,26 @@ static bool viaCallOnRunTimeDevice(const WriteEvent &W, const AffectedHandle &A,
   return Q && Q->RunTimeDevice;
 }
 
+// `Orig.copy_(Alias)` in S: the code writes the alias's values back into
+// the original (`p32 = p.to(kFloat); p32.sub_(u); p.copy_(p32);`, a master
+// copy's update): a write through the alias is meant to reach Orig.
+static bool writesBack(const Stmt *S, const ValueDecl *Orig, const ValueDecl *Alias) {
+  if (!S)
+    return false;
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S);
+      MC && MC->getMethodDecl() && MC->getMethodDecl()->getIdentifier() &&
+      MC->getMethodDecl()->getName() == "copy_" && MC->getNumArgs() >= 1 &&
+      varOf(MC->getImplicitObjectArgument()) == Orig && varOf(MC->getArg(0)) == Alias)
+    return true;
+  return llvm::any_of(S->children(), [&](const Stmt *C) { return writesBack(C, Orig, Alias); });
+}
+
 // The handle the write also changes: a later read first, then an escape.
-static const AffectedHandle *pick(const WriteEvent &W, AnalysisManager &AM) {
+static const AffectedHandle *pick(const WriteEvent &W, AnalysisManager &AM,
+                                  const FunctionDecl *FD) {
   return pickAffected(W, [&](const AffectedHandle &A) {
     return A.CrossedAlias && !A.CrossedDetach && !initialisesParameter(A) &&
-           !viaCallOnRunTimeDevice(W, A, AM);
+           !viaCallOnRunTimeDevice(W, A, AM) && !writesBack(FD->getBody(), A.Decl, W.RootDecl);
   });
 }
 
@@ -78,7 +93,7 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
     if (!W.RootDecl || (W.Target && Writes.contains(stripHandle(W.Target))))
       continue;
     // The layout lookup last: only for a write about to be reported.
-    if (const AffectedHandle *A = pick(W, AnalysisManager::get(Model, Ctx));
+    if (const AffectedHandle *A = pick(W, AnalysisManager::get(Model, Ctx), FD);
         A && !refusedAsExpanded(W, Ctx)) {
       Found.push_back({&W, A});
       ++PerSite[A->FirstAlias.Site];

@@ -8,15 +8,16 @@
 namespace clang::tidy::tensor {
 
 namespace {
-// 255 (the largest 8-bit value: pixels to [0, 1]) or 127.5 (half of it:
-// pixels to [0, 2], then `sub_(1)` to [-1, 1]).
+// 255 (the largest 8-bit value: pixels to [0, 1]), 127.5 (half of it:
+// pixels to [0, 2], then `sub_(1)` to [-1, 1]), or 32768 / 32767 (16-bit
+// PCM samples to [-1, 1]).
 bool isPixelScale(const Expr *E) {
   E = scalarSource(E);
   if (const auto *I = dyn_cast_or_null<IntegerLiteral>(E))
-    return I->getValue() == 255;
+    return llvm::is_contained({255, 32767, 32768}, I->getValue().getLimitedValue());
   const auto *F = dyn_cast_or_null<FloatingLiteral>(E);
-  return F && (F->getValueAsApproximateDouble() == 255.0 ||
-               F->getValueAsApproximateDouble() == 127.5);
+  return F && llvm::is_contained({255.0, 127.5, 32767.0, 32768.0},
+                                 F->getValueAsApproximateDouble());
 }
 
 // `x.div_(255)` / `x /= 255` (or 127.5), pixel bytes scaled in place: x.
@@ -47,8 +48,8 @@ bool scalesAsBytes(const Stmt *S, const VarDecl *V) {
 
 // Note [pixel bytes]
 // `auto x = frames.to(kFloat); x.div_(255)`: real code converts 8-bit pixels
-// this way (or to [-1, 1]: `div_(127.5).sub_(1)`), and divides by 255 (or
-// 127.5) only what held bytes. Such a conversion of an
+// this way (or to [-1, 1]: `div_(127.5).sub_(1)`; 16-bit audio samples:
+// `div_(32768)`), and divides by 255 (127.5, 32768) only what held integers. Such a conversion of an
 // input of unknown dtype copies: the data says more than the float32 default.
 // A dtype the code shows (an assertion, a factory's) still decides.
 bool AnalysisManager::convertsBytes(const CallExpr *Conv) {

@@ -113,8 +113,8 @@ llvm::StringRef libraryModuleOp(llvm::StringRef Module) {
       .Default("");
 }
 
-// The argument of module call Call that its forward's parameter I receives
-// (`m(x)` passes the module first).
+// The argument of Call that its callee's parameter I receives (a holder's
+// `m(x)` passes the module first).
 const Expr *moduleArg(const CallExpr *Call, unsigned I) {
   unsigned Skip = isModuleCall(Call) ? 1 : 0;
   return I + Skip < Call->getNumArgs() ? Call->getArg(I + Skip) : nullptr;
@@ -123,16 +123,19 @@ const Expr *moduleArg(const CallExpr *Call, unsigned I) {
 bool savesParamFirst(const TensorModel &Model, const FunctionDecl *FD, const ParmVarDecl *P,
                      CalleeGrads Callees, unsigned Depth);
 
-// Module call Call, recorded, saved what V holds as its input: a library
-// module by its table row (its weight taken to require grad, as a trained
-// module's does), a user module whose forward saves that parameter first.
-bool moduleSavesInput(const GradFacts &G, const TensorModel &Model, const CallExpr *Call,
-                      const ValueDecl *V, CalleeGrads Callees, unsigned Depth) {
+// Call, recorded, saved what V holds as its input: a library module by its
+// table row (its weight taken to require grad, as a trained module's does);
+// a user module, or a function of the TU (`masked_bce(logits, y)`), whose
+// body saves that parameter first.
+bool callSavesInput(const GradFacts &G, const TensorModel &Model, const CallExpr *Call,
+                    const ValueDecl *V, CalleeGrads Callees, unsigned Depth) {
   const Expr *M = calledModule(Call);
-  if (!M || !requiresGrad(G, Call) || Depth >= 2)
+  if ((!M && (isa<CXXOperatorCallExpr>(Call) || Model.opOf(Call))) || !requiresGrad(G, Call) ||
+      Depth >= 2)
     return false;
   const Expr *In = moduleArg(Call, 0);
-  if (llvm::StringRef Op = libraryModuleOp(libraryModuleName(M->getType())); !Op.empty())
+  if (llvm::StringRef Op = M ? libraryModuleOp(libraryModuleName(M->getType())) : "";
+      !Op.empty())
     return In && namesDecl(Model.viewRoot(In), V) &&
            sem::savesInput(sem::savesOf(Op), 0, requiresGrad(G, In), true);
   const FunctionDecl *FD = readableBodyOf(Call);
@@ -144,10 +147,11 @@ bool moduleSavesInput(const GradFacts &G, const TensorModel &Model, const CallEx
   return false;
 }
 
-// Call saved (the value of) V: an op of the table or a module call.
+// Call saved (the value of) V: an op of the table, a module call or a call of
+// a function of the TU.
 bool savesV(const GradFacts &G, const TensorModel &Model, const CallExpr *Call, const ValueDecl *V,
             CalleeGrads Callees, unsigned Depth) {
-  return savesInputV(G, Model, Call, V) || moduleSavesInput(G, Model, Call, V, Callees, Depth);
+  return savesInputV(G, Model, Call, V) || callSavesInput(G, Model, Call, V, Callees, Depth);
 }
 
 // FD's body saves parameter P's value on every path before anything

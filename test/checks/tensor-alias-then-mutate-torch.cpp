@@ -245,6 +245,25 @@ struct FloatPixels {
   Tensor images_;
 };
 
+// A master copy's update written back into the parameter: the write through
+// the alias is meant to reach it (for float32 parameters to() returns p).
+void masterUpdate(std::vector<Tensor> &params, const Tensor &update) {
+  torch::NoGradGuard no_grad;
+  for (auto &p : params) {
+    auto p32 = p.to(torch::kFloat);
+    p32.sub_(update);
+    if (p.scalar_type() != torch::kFloat)
+      p.copy_(p32);
+  }
+}
+
+// 16-bit PCM samples scaled to [-1, 1]: the conversion of integer data copies.
+Tensor pcmToFloat(const Tensor &pcm16) {
+  auto wav = pcm16.to(torch::kFloat);
+  wav.div_(32768.0);
+  return wav;
+}
+
 // Columns 2..5 of every row are not contiguous: contiguous() copies them.
 Tensor columnsCopied(const Tensor &labels, int64_t img) {
   auto boxes = labels.narrow(1, 2, 4).contiguous();

@@ -88,6 +88,21 @@ void criticShown(Critic &critic, torch::nn::Linear &gen, const Tensor &z) {
   // CHECK-MESSAGES: :[[@LINE-1]]:3: note: 'fake' was saved for backward by an earlier op: backward() here raises
 }
 
+// ... and a function of the TU whose body saves its parameter.
+Tensor maskedBce(const Tensor &logits, const Tensor &y) {
+  return torch::binary_cross_entropy_with_logits(logits, y);
+}
+void probsShown(torch::nn::Linear &fc, const Tensor &x, const Tensor &y) {
+  auto logits = fc(x);
+  auto loss = maskedBce(logits, y);
+  auto probs = logits.detach();
+  probs.sigmoid_();
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'sigmoid_' on 'probs' changes 'logits' behind autograd's back
+  // CHECK-FIXES: {{^}}  auto probs = logits.detach().clone();{{$}}
+  loss.backward();
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: note: 'logits' was saved for backward by an earlier op: backward() here raises
+}
+
 // ===== negatives (the idioms) ================================================
 
 // The forward saves 'x + 1', a new tensor, never its parameter: the write
