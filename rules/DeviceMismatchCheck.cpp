@@ -297,10 +297,10 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
     // A member module of a class its holders move (Note [module device]):
     // no device expression here for a fix-it. Not a parameter known CPU from
     // the callers: the call that passes it is reported.
-    DeviceKnown D = Devices && hasParameters(ModuleE) && !isa_and_nonnull<ParmVarDecl>(varOf(Input))
-                        ? Devices->cudaModuleMember(ModuleE)
-                        : DeviceKnown::Unknown;
-      if (D == DeviceKnown::Unknown)
+    bool Weighted = hasParameters(ModuleE) && !isa_and_nonnull<ParmVarDecl>(varOf(Input));
+    DeviceKnown D =
+        Devices && Weighted ? Devices->cudaModuleMember(ModuleE) : DeviceKnown::Unknown;
+    if (D == DeviceKnown::Unknown)
       return;
     IfAvailable = D == DeviceKnown::CUDAIfAvailable;
   }

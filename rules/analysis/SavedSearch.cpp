@@ -115,7 +115,7 @@ llvm::StringRef libraryModuleOp(llvm::StringRef Module) {
 
 // The argument of Call that its callee's parameter I receives (a holder's
 // `m(x)` passes the module first).
-const Expr *moduleArg(const CallExpr *Call, unsigned I) {
+const Expr *calleeArg(const CallExpr *Call, unsigned I) {
   unsigned Skip = isModuleCall(Call) ? 1 : 0;
   return I + Skip < Call->getNumArgs() ? Call->getArg(I + Skip) : nullptr;
 }
@@ -133,16 +133,15 @@ bool callSavesInput(const GradFacts &G, const TensorModel &Model, const CallExpr
   if ((!M && (isa<CXXOperatorCallExpr>(Call) || Model.opOf(Call))) || !requiresGrad(G, Call) ||
       Depth >= 2)
     return false;
-  const Expr *In = moduleArg(Call, 0);
-  if (llvm::StringRef Op = M ? libraryModuleOp(libraryModuleName(M->getType())) : "";
-      !Op.empty())
+  const Expr *In = calleeArg(Call, 0);
+  if (llvm::StringRef Op = M ? libraryModuleOp(libraryModuleName(M->getType())) : ""; !Op.empty())
     return In && namesDecl(Model.viewRoot(In), V) &&
            sem::savesInput(sem::savesOf(Op), 0, requiresGrad(G, In), true);
   const FunctionDecl *FD = readableBodyOf(Call);
   if (!FD)
     return false;
   for (unsigned I = 0; I < FD->getNumParams(); ++I)
-    if (const Expr *A = moduleArg(Call, I); A && namesDecl(Model.viewRoot(A), V))
+    if (const Expr *A = calleeArg(Call, I); A && namesDecl(Model.viewRoot(A), V))
       return savesParamFirst(Model, FD, FD->getParamDecl(I), Callees, Depth + 1);
   return false;
 }
