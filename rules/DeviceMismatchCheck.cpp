@@ -297,7 +297,7 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
     // A member module of a class its holders move (Note [module device]):
     // no device expression here for a fix-it. Not a parameter known CPU from
     // the callers: the call that passes it is reported.
-    bool Weighted = hasParameters(ModuleE) && !isa_and_nonnull<ParmVarDecl>(varOf(Input));
+    bool Weighted = hasParameters(ModuleE) && !fromCaller(Input);
     DeviceKnown D =
         Devices && Weighted ? Devices->cudaModuleMember(ModuleE) : DeviceKnown::Unknown;
     if (D == DeviceKnown::Unknown)

@@ -11,7 +11,7 @@ namespace {
 // 255 (the largest 8-bit value: pixels to [0, 1]), 127.5 (half of it:
 // pixels to [0, 2], then `sub_(1)` to [-1, 1]), or 32768 / 32767 (16-bit
 // PCM samples to [-1, 1]).
-bool isPixelScale(const Expr *E) {
+bool isIntegerDataScale(const Expr *E) {
   E = scalarSource(E);
   if (const auto *I = dyn_cast_or_null<IntegerLiteral>(E))
     return llvm::is_contained({255, 32767, 32768}, I->getValue().getLimitedValue());
@@ -25,13 +25,13 @@ const Expr *bytesScaled(const Stmt *S) {
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S)) {
     const CXXMethodDecl *MD = MC->getMethodDecl();
     bool Div = MD && MD->getIdentifier() && MD->getName() == "div_";
-    return Div && MC->getNumArgs() >= 1 && isPixelScale(MC->getArg(0))
+    return Div && MC->getNumArgs() >= 1 && isIntegerDataScale(MC->getArg(0))
                ? MC->getImplicitObjectArgument()
                : nullptr;
   }
   const auto *OC = dyn_cast<CXXOperatorCallExpr>(S);
   return OC && OC->getOperator() == OO_SlashEqual && OC->getNumArgs() == 2 &&
-                 isPixelScale(OC->getArg(1))
+                 isIntegerDataScale(OC->getArg(1))
              ? OC->getArg(0)
              : nullptr;
 }

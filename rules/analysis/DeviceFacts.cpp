@@ -416,8 +416,9 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
     return deviceOf(Obj, Depth); // an element of a list of tensors, as `[i]`
   // A module member every constructor moves to CUDA computes on CUDA (`fc(x)`
   // and `fc->forward(x)` alike).
-  if (const Expr *M = calledModule(C); M && cudaModuleMember(M, Depth) != DeviceKnown::Unknown)
-    return cudaModuleMember(M, Depth);
+  if (const Expr *M = calledModule(C))
+    if (DeviceKnown D = cudaModuleMember(M, Depth); D != DeviceKnown::Unknown)
+      return D;
   if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(C)) {
     // `halves[0]` of `auto halves = t.chunk(2)`: the list's device.
     if (OC->getOperator() == OO_Subscript && !Model.isTensorExpr(OC->getArg(0)))
