@@ -50,15 +50,13 @@ bool fromCaller(const Expr *E) {
 }
 
 // The module E names has parameters to be on a device: a library module that
-// holds weights, or a module class of the user's.
+// holds weights (its TT_MODULE row), or a module class of the user's.
 bool hasParameters(const Expr *E) {
   E = moduleValue(E); // `fc` of `fc(x)`, not the ModuleHolder base its operator() takes
   if (userModuleClass(E->getType()))
     return true;
-  return llvm::is_contained({"Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
-                             "ConvTranspose2d", "Embedding", "EmbeddingBag", "LSTM", "GRU", "RNN",
-                             "LSTMCell", "GRUCell", "LayerNorm", "GroupNorm", "MultiheadAttention"},
-                            libraryModuleName(E->getType()));
+  const sem::ModuleInfo *Row = libraryModule(E->getType());
+  return Row && Row->holdsWeights();
 }
 
 // Ops PyTorch runs through TensorIterator accept a 0-dim CPU tensor next to

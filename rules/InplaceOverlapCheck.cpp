@@ -56,7 +56,8 @@ void InplaceOverlapCheck::report(const CallExpr *Write, StringRef Op, const Expr
            "the written-to tensor refer to a single memory location. Please clone() the tensor "
            "before performing the operation.')";
   else
-    Msg += " (overlapping slices along dimension " + std::to_string(Q.Dim) +
+    Msg += (Out.SliceDim < 0 ? " (a slice along dimension " + std::to_string(Q.Dim) + " of it"
+                             : " (overlapping slices along dimension " + std::to_string(Q.Dim)) +
            "): PyTorch cannot detect it and the result depends on the order in which elements "
            "are written";
   if (Q.Assumed)

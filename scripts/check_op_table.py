@@ -7,7 +7,8 @@ backward), plus the probed ops that are not listed (they must save nothing),
 by modifying the result or an input in place and running backward; and the
 TT_RESHAPES_SELF rows (in-place ops that change self's layout; other in-place
 ops must keep it); the TT_RESULT_DTYPE, TT_VALUES_INDICES, TT_WHOLE_RESULT and
-TT_KEEPS_WHOLE rows (result dtypes, whole-number results). Exit 0 all agree, 1 a row disagrees or has
+TT_KEEPS_WHOLE rows (result dtypes, whole-number results); the TT_MODULE rows (torch.nn
+modules: weights, what backward saves, output sizes and layout). Exit 0 all agree, 1 a row disagrees or has
 no probe, 2 PyTorch is missing."""
 import pathlib
 import re
@@ -21,6 +22,7 @@ DTYPE_ROW = re.compile(r"^TT_RESULT_DTYPE\((\w+),\s*(\w+)\)", re.M)
 VALUES_INDICES_ROW = re.compile(r"^TT_VALUES_INDICES\((\w+)\)", re.M)
 WHOLE_ROW = re.compile(r"^TT_WHOLE_RESULT\((\w+)\)", re.M)
 KEEPS_WHOLE_ROW = re.compile(r"^TT_KEEPS_WHOLE\((\w+)\)", re.M)
+MODULE_ROW = re.compile(r"^TT_MODULE\((\w+),\s*(\w+),\s*(\w+),\s*(\w+),\s*(\w+),\s*(\d)\)", re.M)
 
 
 def probes(torch, F):
@@ -417,6 +419,118 @@ def whole_number_disagreements(torch, text):
     return problems, checked
 
 
+def module_probes(nn):
+    """name -> (module, sizes of the float tensor module_call derives its
+    input from: indices, several inputs, tuples)."""
+    return {
+        "Linear": (nn.Linear(6, 3), (4, 5, 6)), "Bilinear": (nn.Bilinear(6, 6, 3), (4, 6)),
+        "Conv1d": (nn.Conv1d(4, 3, 3), (2, 4, 7)), "Conv2d": (nn.Conv2d(4, 3, 3), (2, 4, 7, 7)),
+        "Conv3d": (nn.Conv3d(4, 3, 3), (2, 4, 5, 5, 5)),
+        "ConvTranspose1d": (nn.ConvTranspose1d(4, 3, 3), (2, 4, 7)),
+        "ConvTranspose2d": (nn.ConvTranspose2d(4, 3, 3), (2, 4, 7, 7)),
+        "ConvTranspose3d": (nn.ConvTranspose3d(4, 3, 3), (2, 4, 5, 5, 5)),
+        "Embedding": (nn.Embedding(10, 4), (4, 6)), "EmbeddingBag": (nn.EmbeddingBag(10, 4), (4, 6)),
+        "LSTM": (nn.LSTM(6, 3), (5, 2, 6)), "GRU": (nn.GRU(6, 3), (5, 2, 6)),
+        "RNN": (nn.RNN(6, 3), (5, 2, 6)),
+        "LSTMCell": (nn.LSTMCell(6, 3), (5, 6)), "GRUCell": (nn.GRUCell(6, 3), (5, 6)),
+        "RNNCell": (nn.RNNCell(6, 3), (5, 6)), "MultiheadAttention": (nn.MultiheadAttention(6, 2), (5, 2, 6)),
+        "LayerNorm": (nn.LayerNorm(6), (4, 5, 6)), "GroupNorm": (nn.GroupNorm(2, 4), (2, 4, 5, 6)),
+        "BatchNorm1d": (nn.BatchNorm1d(4), (3, 4, 5)), "BatchNorm2d": (nn.BatchNorm2d(4), (2, 4, 5, 6)),
+        "BatchNorm3d": (nn.BatchNorm3d(4), (2, 4, 3, 5, 6)),
+        "InstanceNorm1d": (nn.InstanceNorm1d(4), (3, 4, 5)),
+        "InstanceNorm2d": (nn.InstanceNorm2d(4), (2, 4, 5, 6)),
+        "InstanceNorm3d": (nn.InstanceNorm3d(4), (2, 4, 3, 5, 6)),
+        "LocalResponseNorm": (nn.LocalResponseNorm(2), (2, 4, 5, 6)), "PReLU": (nn.PReLU(), (4, 5, 6)),
+        "MaxPool1d": (nn.MaxPool1d(2), (2, 4, 8)), "MaxPool2d": (nn.MaxPool2d(2), (2, 4, 8, 8)),
+        "MaxPool3d": (nn.MaxPool3d(2), (2, 4, 4, 4, 4)), "AvgPool1d": (nn.AvgPool1d(2), (2, 4, 8)),
+        "AvgPool2d": (nn.AvgPool2d(2), (2, 4, 8, 8)), "AvgPool3d": (nn.AvgPool3d(2), (2, 4, 4, 4, 4)),
+        "Softmax": (nn.Softmax(dim=-1), (4, 5, 6)), "LogSoftmax": (nn.LogSoftmax(dim=-1), (4, 5, 6)),
+        "Softmin": (nn.Softmin(dim=-1), (4, 5, 6)),
+    }
+
+
+def module_call(torch, name, m, x):
+    """The module's output on float input x (for modules taking indices or
+    several inputs, an input derived from x); the first of a tuple."""
+    if name in ("Embedding", "EmbeddingBag"):
+        return m((x.detach().abs() * 3).long().clamp(0, 9))
+    if name == "Bilinear":
+        return m(x, x * 1)
+    if name == "MultiheadAttention":
+        return m(x, x, x)[0]
+    out = m(x)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def layouts(torch, sizes):
+    """Inputs of the given sizes: contiguous, a transpose of the last two
+    dims, and channels-last for 4-D and 5-D (a permuted NHWC tensor)."""
+    x = torch.rand(*sizes)
+    out = [("contiguous", x), ("transposed", x.transpose(-1, -2).contiguous().transpose(-1, -2))]
+    if len(sizes) in (4, 5):
+        perm = (0,) + tuple(range(2, len(sizes))) + (1,)
+        back = (0, len(sizes) - 1) + tuple(range(1, len(sizes) - 1))
+        out.append(("channels-last", x.permute(*perm).contiguous().permute(*back)))
+    return out
+
+
+def module_shape_ok(shape, dims, x, y, m):
+    if shape == "Embedding":
+        return y.shape == x.shape + (m.embedding_dim,)
+        return y.shape == x.shape
+    if shape == "Linear":
+        return y.shape == x.shape[:-1] + (m.out_features,)
+    if shape in ("Conv", "Pool"):
+        kept = 1 + (shape == "Pool")
+        return x.dim() == dims + 2 and y.dim() == x.dim() and y.shape[:kept] == x.shape[:kept]
+    return True
+
+
+def module_saves(torch, name, m, sizes):
+    """'Input', 'Result' or 'Nothing': which in-place write (to the input, to
+    the output) makes backward raise, the weights requiring grad."""
+    got = []
+    for which in ("input", "result"):
+        x = (torch.rand(*sizes) + 0.5).requires_grad_() * 1
+        y = module_call(torch, name, m, x)
+        with torch.no_grad():
+            (x if which == "input" else y).mul_(1)
+        try:
+            y.sum().backward()
+        except RuntimeError as e:
+            if "modified by an inplace operation" not in str(e):
+                raise
+            got.append(which)
+    return {(): "Nothing", ("input",): "Input", ("result",): "Result",
+            ("input", "result"): "InputResult"}.get(tuple(got), "/".join(got))
+
+
+def module_disagreements(torch, text):
+    """Every TT_MODULE row against torch.nn: parameters, what backward saves,
+    the output's sizes and (Contiguous rows) its layout on every input layout."""
+    probes = module_probes(torch.nn)
+    problems = []
+    rows = MODULE_ROW.findall(text)
+    for name, weights, saves, shape, layout, dims in rows:
+        if name not in probes and not hasattr(torch.nn, name):
+            problems.append("%s: no torch.nn module of that name" % name)
+            continue
+        m, sizes = probes[name] if name in probes else (getattr(torch.nn, name)(), (4, 5, 6))
+        if (weights == "Weights") != bool(list(m.parameters())):
+            problems.append("%s: ops.def says %s" % (name, weights))
+        got = module_saves(torch, name, m, sizes)
+        if got != saves:
+            problems.append("%s: ops.def says it saves %s, PyTorch: %s" % (name, saves, got))
+        for kind, x in layouts(torch, sizes):
+            y = module_call(torch, name, m, x)
+            if not module_shape_ok(shape, int(dims), x, y, m):
+                problems.append("%s: ops.def says shape %s, got %s from %s" % (name, shape, tuple(y.shape), tuple(x.shape)))
+            must = layout == "Contiguous" or (layout == "AsInput" and kind == "contiguous")
+            if must and not y.is_contiguous():
+                problems.append("%s: ops.def says %s, but a %s input gives a non-contiguous output" % (name, layout, kind))
+    return problems, len(rows)
+
+
 def main():
     try:
         import torch
@@ -457,7 +571,11 @@ def main():
     for p in dtype_problems:
         print(p)
     print("%d result-dtype rows checked against PyTorch, %d disagreements" % (probed, len(dtype_problems)))
-    return 1 if failed or saves_problems or reshape_problems or dtype_problems else 0
+    module_problems, probed = module_disagreements(torch, (ROOT / "runtime/include/tt/ops.def").read_text())
+    for p in module_problems:
+        print(p)
+    print("%d torch.nn module rows checked against PyTorch, %d disagreements" % (probed, len(module_problems)))
+    return 1 if failed or saves_problems or reshape_problems or dtype_problems or module_problems else 0
 
 
 if __name__ == "__main__":

@@ -44,6 +44,26 @@ bool scalesAsBytes(const Stmt *S, const VarDecl *V) {
   return llvm::any_of(S->children(), [&](const Stmt *C) { return scalesAsBytes(C, V); });
 }
 
+// Conv under the views applied to it (`frames.to(kFloat).permute({0, 3, 1,
+// 2})`): the outermost, whose variable a later `div_(255)` scales.
+const Expr *underViews(const CallExpr *Conv, const TensorModel &Model, ASTContext &Ctx) {
+  const Expr *Cur = Conv;
+  for (int I = 0; I < 4; ++I) {
+    const Stmt *P = parentStmt(Cur, Ctx);
+    while (isa_and_nonnull<ImplicitCastExpr, MaterializeTemporaryExpr, CXXBindTemporaryExpr,
+                           MemberExpr>(P))
+      P = parentStmt(P, Ctx);
+    const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(P);
+    const sem::OpInfo *Op = MC && stripHandle(MC->getImplicitObjectArgument()) == Cur
+                                ? Model.opOf(MC)
+                                : nullptr;
+    if (!Op || Op->storage != sem::Storage::View)
+      return Cur;
+    Cur = MC;
+  }
+  return Cur;
+}
+
 } // namespace
 
 // Note [pixel bytes]
@@ -66,7 +86,7 @@ bool AnalysisManager::scaledAsBytes(const CallExpr *Conv) {
     if (const Expr *T = Cur ? bytesScaled(Cur) : nullptr)
       return stripHandle(T) == Conv;
   }
-  const VarDecl *V = initialisedVar(Conv, Ctx);
+  const VarDecl *V = initialisedVar(underViews(Conv, Model, Ctx), Ctx);
   const FunctionDecl *FD = enclosingFunction(Conv, Ctx);
   return V && FD && FD->getBody() && scalesAsBytes(FD->getBody(), V);
 }

@@ -255,6 +255,11 @@ llvm::StringRef libraryModuleName(QualType T) {
   return N;
 }
 
+const ::tt::semantics::ModuleInfo *libraryModule(QualType T) {
+  llvm::StringRef N = libraryModuleName(T);
+  return N.empty() ? nullptr : ::tt::semantics::lookupModule({N.data(), N.size()});
+}
+
 bool isModuleForward(const CXXMethodDecl *MD) {
   if (!MD || !(MD->getOverloadedOperator() == OO_Call ||
                (MD->getIdentifier() && MD->getName() == "forward")))

@@ -12,6 +12,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
+#include "tt/op_semantics.h"
 
 namespace clang::tidy::tensor {
 
@@ -81,6 +82,10 @@ const Expr *calledModule(const CallExpr *Call);
 /// A torch::nn library module's name without "Impl" ("Linear" for both
 /// torch::nn::Linear and LinearImpl); "" for any other type.
 llvm::StringRef libraryModuleName(QualType T);
+
+/// The TT_MODULE row (tt/ops.def) of a torch::nn library module type: its
+/// weights, what it saves, its output's layout. Null for any other type.
+const ::tt::semantics::ModuleInfo *libraryModule(QualType T);
 
 /// `forward` (or the call operator) of a class derived from
 /// `torch::nn::Module`: it writes the module's own state (parameters,

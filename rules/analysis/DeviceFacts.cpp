@@ -138,11 +138,13 @@ DeviceFacts::DeviceFacts(const TensorModel &Model, ASTContext &Ctx, const Functi
 }
 
 DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) {
-  if (const auto *P = dyn_cast<ParmVarDecl>(V);
-      P && (IsDevice || Model.isTensorType(P->getType())))
+  // A tensor or device parameter starts as what its callers pass.
+  const auto *P = dyn_cast<ParmVarDecl>(V);
+  P = P && (IsDevice || Model.isTensorType(P->getType())) ? P : nullptr;
+  if (P && !Assigned.count(P))
     return ofParam(P, IsDevice, Depth);
-  // Parameters, loop variables and globals someone else sets: not shown here.
-  if (isa<ParmVarDecl>(V) || !V->getInit() ||
+  // Other parameters, loop variables and globals someone else sets: not shown here.
+  if ((!P && isa<ParmVarDecl>(V)) || (!P && !V->getInit()) ||
       (V->hasGlobalStorage() && !V->getType().isConstQualified()))
     return DeviceKnown::Unknown;
   if (!IsDevice && V->isLocalVarDecl() && Model.isTensorVectorType(V->getType()))
@@ -167,7 +169,9 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
   auto It = Assigned.find(V);
   bool Undefined = !IsDevice && isDefaultConstructed(V->getInit()) &&
                    Model.isTensorType(V->getType()) && It != Assigned.end() && !It->second.empty();
-  DeviceKnown D = Of(Undefined ? It->second.front() : V->getInit());
+  DeviceKnown D = P           ? ofParam(P, IsDevice, Depth)
+                  : Undefined ? Of(It->second.front())
+                              : Of(V->getInit());
   if (onCUDA(D))
     Hypothesis[Key] = D;
   if (It != Assigned.end())
@@ -269,7 +273,7 @@ DeviceKnown DeviceFacts::ofField(const FieldDecl *F, unsigned Depth) {
 
 DeviceKnown DeviceFacts::ofParam(const ParmVarDecl *P, bool IsDevice, unsigned Depth) {
   const auto *FD = dyn_cast<FunctionDecl>(P->getDeclContext());
-  if (!FD || Assigned.count(P) || Depth > kMaxHops)
+  if (!FD || Depth > kMaxHops)
     return DeviceKnown::Unknown;
   const VarKey Key{P, IsDevice};
   if (auto It = ParamKnown.find(Key); It != ParamKnown.end())
@@ -435,7 +439,26 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
   bool Ours = Def && !isTensorApi(Def);
   if (Ours && bodyMovesToHost(Def))
     return DeviceKnown::Unknown;
-  return anyArgument(C, Depth, Ours);
+  // Given only numbers (`mel_filterbank(sr, n_fft)`), it makes its result.
+  bool Numbers = llvm::all_of(C->arguments(), [](const Expr *A) {
+    return A->getType()->isArithmeticType() || A->getType()->isEnumeralType();
+  });
+  return Ours && Numbers && readableBodyOf(C) ? ofReturns(Def, Depth) : anyArgument(C, Depth, Ours);
+}
+
+// What every return of Def gives, in Def's own facts (`mel_filterbank(sr,
+// n_fft)` returning a `torch::zeros` it filled: the CPU).
+DeviceKnown DeviceFacts::ofReturns(const FunctionDecl *Def, unsigned Depth) {
+  llvm::SmallVector<const ReturnStmt *, 2> Returns;
+  collectReturns(Def->getBody(), Returns);
+  std::optional<DeviceKnown> D;
+  for (const ReturnStmt *RS : Returns) {
+    const Expr *V = RS->getRetValue();
+    DeviceFacts *Callee = V ? AnalysisManager::get(Model, Ctx).devicesAt(V) : nullptr;
+    DeviceKnown K = Callee ? Callee->deviceOf(V, Depth + 1) : DeviceKnown::Unknown;
+    D = D ? meetDevices(*D, K) : K;
+  }
+  return D.value_or(DeviceKnown::Unknown);
 }
 
 // Moves of module member F (`F->to(d)`, `F->cuda()`, `F->cpu()`) in S.
@@ -517,13 +540,30 @@ DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
   return ModuleMembers[F] = D == DeviceKnown::CUDA ? D : DeviceKnown::Unknown;
 }
 
+// What the one return of a function of the TU gives, through a local it
+// returns (`auto fb = torch::zeros(...); ...; return fb;`); null otherwise.
+static const Expr *soleReturnValue(const CallExpr *C) {
+  const FunctionDecl *FD = C ? readableBodyOf(C) : nullptr;
+  llvm::SmallVector<const ReturnStmt *, 2> Returns;
+  if (FD)
+    collectReturns(FD->getBody(), Returns);
+  const Expr *R = Returns.size() == 1 ? Returns[0]->getRetValue() : nullptr;
+  const VarDecl *V = R ? varOf(R) : nullptr;
+  return V && V->isLocalVarDecl() && V->getInit() ? V->getInit() : R;
+}
+
 // The factory call V is made from, through tensor methods that keep or add
-// dimensions (`view`, `unsqueeze`, `to(kLong)`; not a reduction such as `sum`).
+// dimensions (`view`, `unsqueeze`, `to(kLong)`; not a reduction such as `sum`)
+// and through a function of the TU that returns it.
 static const CallExpr *factoryRoot(const Expr *V, const TensorModel &Model) {
   for (int I = 0; V && I < 8; ++I) {
     const auto *C = dyn_cast<CallExpr>(stripHandle(V));
     if (C && TensorModel::isFactoryCall(C))
       return C;
+    if (const Expr *R = soleReturnValue(C)) {
+      V = R;
+      continue;
+    }
     const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(C);
     bool KeepsDims = MC && llvm::is_contained({"view", "reshape", "unsqueeze", "to", "contiguous",
                                                 "clone", "transpose", "permute", "t", "repeat",

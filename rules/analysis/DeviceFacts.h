@@ -93,6 +93,7 @@ private:
   /// CUDA when an argument is; Unknown for a function of ours (Ours) given a
   /// tensor on the host too.
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth, bool Ours = false);
+  DeviceKnown ofReturns(const FunctionDecl *Def, unsigned Depth);
   /// Def's body moves a tensor to the host (`cpu()`, `kCPU`); memoised.
   bool bodyMovesToHost(const FunctionDecl *Def);
 

@@ -786,63 +786,62 @@ TensorFact LayoutAnalysis::Impl::moduleResult(const CallExpr *Call, const Functi
   std::optional<TensorFact> R = FD ? calleeResult(Call, FD, S) : std::nullopt;
   const Expr *T = Model.tensorOperand(Input);
   TensorFact F = R ? *R : assumedResult(Call);
-  if (const Expr *M = R ? nullptr : calledModule(Call); T && M)
-    libraryModuleLayout(libraryModuleName(M->getType()), Call, evalTensor(T, S), F);
+  const Expr *M = R ? nullptr : calledModule(Call);
+  if (const sem::ModuleInfo *Row = M ? libraryModule(M->getType()) : nullptr; T && Row)
+    libraryModuleLayout(*Row, Call, evalTensor(T, S), F);
   return onCertainCUDA(onInputDevice(F, T, S), Call);
 }
 
-// Library modules whose output has their input's sizes: activations and
-// dropout (elementwise: contiguous when the input is), normalisations (a
-// contiguous result whatever the input).
-static bool keepsInputShape(llvm::StringRef Name, bool &AlwaysContiguous) {
-  AlwaysContiguous = llvm::is_contained({"LayerNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
-                                         "GroupNorm", "InstanceNorm1d", "InstanceNorm2d",
-                                         "InstanceNorm3d", "LocalResponseNorm"},
-                                        Name);
-  return AlwaysContiguous ||
-         llvm::is_contained({"Dropout", "Dropout2d", "Dropout3d", "AlphaDropout", "ReLU", "ReLU6",
-                             "LeakyReLU", "PReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish",
-                             "Sigmoid", "Tanh", "Softplus", "Softsign", "Hardtanh", "Hardswish",
-                             "Hardsigmoid", "LogSigmoid", "Softmax", "LogSoftmax", "Softmin"},
-                            Name);
+// How many leading dims of its input a Conv or Pool module keeps (the batch;
+// pooling also the channels); the others get fresh sizes. None for an input
+// of a rank the module rejects.
+static std::optional<size_t> keptLeadingDims(const sem::ModuleInfo &Row, size_t Rank) {
+  size_t Spatial = static_cast<size_t>(Row.dims);
+  if (Rank != Spatial + 1 && Rank != Spatial + 2)
+    return std::nullopt;
+  return (Rank == Spatial + 2 ? 1 : 0) + (Row.shape == sem::ModuleShape::Pool ? 1 : 0);
 }
 
-// How many leading dims of its input a convolution or pooling module keeps
-// (the batch; pooling also the channels); the others get fresh sizes. None
-// for other modules, or an input of a rank the module rejects.
-static std::optional<size_t> keptLeadingDims(llvm::StringRef Name, size_t Rank) {
-  bool Pool = Name.starts_with("MaxPool") || Name.starts_with("AvgPool");
-  if (!Pool && !Name.starts_with("Conv"))
-    return std::nullopt;
-  char D = Name.size() > 2 && Name.ends_with("d") ? Name[Name.size() - 2] : 0; // Conv2d
-  size_t Spatial = D >= '1' && D <= '3' ? D - '0' : 0;
-  if (!Spatial || (Rank != Spatial + 1 && Rank != Spatial + 2))
-    return std::nullopt;
-  return (Rank == Spatial + 2 ? 1 : 0) + (Pool ? 1 : 0);
+// The sizes of a library module's output (its TT_MODULE row) on input sizes
+// Sz: Linear maps [*, in] to [*, out], Embedding [*] to [*, dim];
+// convolutions and pooling keep the rank and leading dims. False: unknown.
+bool LayoutAnalysis::Impl::moduleOutputSizes(const sem::ModuleInfo &Row, const CallExpr *Call,
+                                             Shape &Sz) {
+  using S = sem::ModuleShape;
+  switch (Row.shape) {
+  case S::Same:
+    return true;
+  case S::Linear:
+    Sz.back() = ST.sym(Call, (std::int64_t)Sz.size());
+    return true;
+  case S::Embedding:
+    Sz.push_back(ST.sym(Call, (std::int64_t)Sz.size()));
+    return true;
+  case S::Conv:
+  case S::Pool:
+    if (std::optional<size_t> Kept = keptLeadingDims(Row, Sz.size())) {
+      for (size_t I = *Kept; I < Sz.size(); ++I)
+        Sz[I] = ST.sym(Call, (std::int64_t)I);
+      return true;
+    }
+    return false;
+  case S::Other:
+    return false;
+  }
+  return false;
 }
 
-// F, the output of library module Name on input In, where its layout follows
-// from In's: Linear maps [*, in] to a fresh contiguous [*, out], Embedding
-// [*] to [*, dim]; convolutions and pooling keep the rank.
-void LayoutAnalysis::Impl::libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call,
+// F, the output of a library module on input In, where its row makes it a
+// contiguous tensor of sizes that follow from In's.
+void LayoutAnalysis::Impl::libraryModuleLayout(const sem::ModuleInfo &Row, const CallExpr *Call,
                                                const TensorFact &In, TensorFact &F) {
-  if (!In.Sizes || In.Sizes->empty())
+  bool Contiguous = Row.layout == sem::ModuleLayout::Contiguous ||
+                    (Row.layout == sem::ModuleLayout::AsInput && In.Contig == TensorFact::Yes);
+  if (!In.Sizes || In.Sizes->empty() || !Contiguous)
     return;
   Shape Sz = *In.Sizes;
-  bool AlwaysContiguous = false;
-  if (Name == "Linear") {
-    Sz.back() = ST.sym(Call, (std::int64_t)Sz.size());
-  } else if (Name == "Embedding") {
-    Sz.push_back(ST.sym(Call, (std::int64_t)Sz.size()));
-  } else if (auto Kept = keptLeadingDims(Name, Sz.size())) {
-    if (In.Contig != TensorFact::Yes && !Name.starts_with("Conv"))
-      return;
-    for (size_t I = *Kept; I < Sz.size(); ++I)
-      Sz[I] = ST.sym(Call, (std::int64_t)I);
-  } else if (!keepsInputShape(Name, AlwaysContiguous) ||
-             (!AlwaysContiguous && In.Contig != TensorFact::Yes)) {
+  if (!moduleOutputSizes(Row, Call, Sz))
     return;
-  }
   setContiguous(F, Sz);
   F.Src = F.Root = Call;
 }
@@ -955,7 +954,7 @@ TensorFact LayoutAnalysis::Impl::importFact(const TensorFact &F, const CallExpr 
   if (const Expr *Arg = F.Sizes ? nullptr : argumentOf(Call, FD, F.Src))
     if (!withArgumentSizes(R, F, evalTensor(Arg, S)))
       return unknownLike(R);
-  R.Root = nullptr;
+  R.Root = Call; // what the call returned: its views here share it
   R.SliceDim = -1;
   R.Lo = R.Hi = TensorFact::Bound();
   R.Broadcast = R.BroadcastAssumed = false;

@@ -293,7 +293,8 @@ public:
   void denseLike(TensorFact &R, const void *Key);
   void renameUnranked(TensorFact &R, const void *Key);
   bool hasGaps(llvm::ArrayRef<Mono> Sizes, llvm::ArrayRef<Mono> Strides);
-  void libraryModuleLayout(llvm::StringRef Name, const CallExpr *Call, const TensorFact &In,
+  bool moduleOutputSizes(const sem::ModuleInfo &Row, const CallExpr *Call, Shape &Sz);
+  void libraryModuleLayout(const sem::ModuleInfo &Row, const CallExpr *Call, const TensorFact &In,
                            TensorFact &F);
   TensorFact mixedLayout(const TensorFact &Self, const TensorFact &O);
   static bool selfDecidesUnranked(const TensorFact &Self, const TensorFact &O);

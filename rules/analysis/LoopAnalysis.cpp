@@ -542,6 +542,8 @@ void LoopAnalysis::collectCall(const CallExpr *C, LoopFacts &F) {
           llvm::any_of(B, [&](const VarDecl *V) { return ForeignVars.count(V); }))
         F.Opaque = true; // writes storage that others may see
     }
+  } else if (Obj && Callee && isModuleCall(C)) {
+    markWritten(Obj, F); // `fc(x)`: the module's forward, as `fc->forward(x)`
   } else if (Obj && Callee) {
     collectMethodCall(dyn_cast<CXXMethodDecl>(Callee), Obj, F);
   } else if (!Callee) {
@@ -556,7 +558,10 @@ void LoopAnalysis::collectCall(const CallExpr *C, LoopFacts &F) {
 // A method called on an object that is not a tensor.
 void LoopAnalysis::collectMethodCall(const CXXMethodDecl *MD, const Expr *Obj, LoopFacts &F) {
   bool This = isa<CXXThisExpr>(Obj->IgnoreParenImpCasts());
-  bool Mutating = MD && !MD->isConst() && !MD->isStatic();
+  // `net_->` only gives the pointer: what is done through it is collected
+  // on its own (`net_->bias` read, `net_->reset()` called).
+  bool Mutating = MD && !MD->isConst() && !MD->isStatic() &&
+                  MD->getOverloadedOperator() != OO_Arrow;
   if (Mutating && !(This && collectOwnMethod(MD, F))) {
     markWritten(Obj, F);
     if (This)
@@ -565,8 +570,7 @@ void LoopAnalysis::collectMethodCall(const CXXMethodDecl *MD, const Expr *Obj, L
     // it is given (`net->option_probs(q, eps)`) is not opaque.
     bool Transparent = !This && transparentMethod(MD);
     if (!Transparent && !isStandardLibrary(MD->getParent()))
-      if (!MD->getParent()->isLambda() && !isModuleForward(MD) &&
-          MD->getOverloadedOperator() != OO_Arrow) // `net_->`: only a pointer
+      if (!MD->getParent()->isLambda() && !isModuleForward(MD))
         F.Opaque = true;
   }
   if (MD && MD->getParent()->isLambda())

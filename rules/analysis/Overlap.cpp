@@ -35,6 +35,22 @@ OverlapQuery::Kind wholeViews(const TensorFact &A, const TensorFact &B) {
   return A.SwapA == B.SwapA && A.SwapB == B.SwapB ? OverlapQuery::Full : OverlapQuery::Partial;
 }
 
+// In, a slice with constant bounds of the tensor Out is all of (`x.sub_(x.narrow(1,
+// 0, 1))`, x made relative to its first row): some of Out's elements, not all
+// (sizes exceed the bounds, as nearly all do). A slice of dim 0 is dense and
+// PyTorch compares it (Partial: it throws); another leaves gaps (TooHard: the
+// result depends on the order elements are written in).
+OverlapQuery wholeAndSlice(const TensorFact &Out, const TensorFact &In) {
+  OverlapQuery Q;
+  if (Out.Contig != TensorFact::Yes || Out.SwapA >= 0 || !In.Lo.Base.isConst() ||
+      !In.Hi.Base.isConst())
+    return Q;
+  Q.Dim = In.SliceDim;
+  Q.Result = Q.Dim == 0 ? OverlapQuery::Partial : OverlapQuery::TooHard;
+  Q.Assumed = true;
+  return Q;
+}
+
 } // namespace
 
 OverlapQuery LayoutAnalysis::overlap(const TensorFact &Out, const TensorFact &In) {
@@ -50,6 +66,8 @@ OverlapQuery LayoutAnalysis::overlap(const TensorFact &Out, const TensorFact &In
     Q.Result = wholeViews(Out, In);
     return Q;
   }
+  if (Out.SliceDim < 0)
+    return wholeAndSlice(Out, In);
   if (Out.SliceDim != In.SliceDim)
     return Q;
   Q.Dim = Out.SliceDim;

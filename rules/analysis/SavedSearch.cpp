@@ -5,7 +5,6 @@
 #include "clang/AST/ExprCXX.h"
 #include "clang/Analysis/CFG.h"
 #include "llvm/ADT/SmallPtrSet.h"
-#include "llvm/ADT/StringSwitch.h"
 
 #include <optional>
 
@@ -95,22 +94,11 @@ bool savesInputV(const GradFacts &G, const TensorModel &Model, const CallExpr *C
   return false;
 }
 
-// The op-table row a library module runs on its input (`torch::nn::Linear`:
-// linear); "" for modules whose row the table lacks.
-llvm::StringRef libraryModuleOp(llvm::StringRef Module) {
-  return llvm::StringSwitch<llvm::StringRef>(Module)
-      .Case("Linear", "linear")
-      .Case("Conv1d", "conv1d")
-      .Case("Conv2d", "conv2d")
-      .Cases("BatchNorm1d", "BatchNorm2d", "batch_norm")
-      .Case("LayerNorm", "layer_norm")
-      .Case("GELU", "gelu")
-      .Case("ELU", "elu")
-      .Case("LeakyReLU", "leaky_relu")
-      .Case("SiLU", "silu")
-      .Case("Softplus", "softplus")
-      .Case("Hardtanh", "hardtanh")
-      .Default("");
+// What the library module Call runs saves (its TT_MODULE row); null when
+// Call is no library module's call.
+const sem::ModuleInfo *calledLibraryModule(const CallExpr *Call) {
+  const Expr *M = calledModule(Call);
+  return M ? libraryModule(M->getType()) : nullptr;
 }
 
 // The argument of Call that its callee's parameter I receives (a holder's
@@ -124,7 +112,7 @@ bool savesParamFirst(const TensorModel &Model, const FunctionDecl *FD, const Par
                      CalleeGrads Callees, unsigned Depth);
 
 // Call, recorded, saved what V holds as its input: a library module by its
-// table row (its weight taken to require grad, as a trained module's does);
+// TT_MODULE row (its weights taken to require grad, as a trained module's do);
 // a user module, or a function of the TU (`masked_bce(logits, y)`), whose
 // body saves that parameter first.
 bool callSavesInput(const GradFacts &G, const TensorModel &Model, const CallExpr *Call,
@@ -134,9 +122,8 @@ bool callSavesInput(const GradFacts &G, const TensorModel &Model, const CallExpr
       Depth >= 2)
     return false;
   const Expr *In = calleeArg(Call, 0);
-  if (llvm::StringRef Op = M ? libraryModuleOp(libraryModuleName(M->getType())) : ""; !Op.empty())
-    return In && namesDecl(Model.viewRoot(In), V) &&
-           sem::savesInput(sem::savesOf(Op), 0, requiresGrad(G, In), true);
+  if (const sem::ModuleInfo *Row = M ? libraryModule(M->getType()) : nullptr)
+    return In && namesDecl(Model.viewRoot(In), V) && Row->savesInput();
   const FunctionDecl *FD = readableBodyOf(Call);
   if (!FD)
     return false;
@@ -229,7 +216,8 @@ const CallExpr *savesResult(const GradFacts &G, const TensorModel &Model, const 
   const auto *Call = dyn_cast_or_null<CallExpr>(Init ? Model.viewRoot(Init) : nullptr);
   if (!Call || !requiresGrad(G, Call))
     return nullptr;
-  if (sem::savesResult(savesOfCall(Call, Model)))
+  const sem::ModuleInfo *Row = calledLibraryModule(Call);
+  if (sem::savesResult(savesOfCall(Call, Model)) || (Row && Row->savesResult()))
     return Call;
   const CXXMethodDecl *Fwd = customFunctionForward(Call);
   return Fwd && forwardSavesResult(Fwd) ? Call : nullptr;

@@ -376,6 +376,12 @@ torch::Tensor toUnitRange(const torch::Tensor &frames) {
   return x.div_(255.0);
 }
 torch::Tensor scaledFrame(const torch::Tensor &frame) { return frame.to(torch::kFloat).div_(255); }
+// Through the layout change that follows the conversion (HWC frames to CHW).
+torch::Tensor toChannelsFirst(const torch::Tensor &frames_u8, torch::Device device) {
+  auto f = frames_u8.to(device, torch::kFloat).permute({0, 3, 1, 2});
+  f.div_(255.0);
+  return f;
+}
 void stepFrames(torch::Tensor obs) {
   auto in = toUnitRange(obs);
   in.sub_(0.5);

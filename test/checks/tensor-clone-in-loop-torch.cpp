@@ -426,3 +426,25 @@ torch::Tensor refine(torch::nn::Linear &update, const torch::Tensor &ctx, int64_
   // CHECK-MESSAGES: :[[@LINE-1]]:39: warning: 'contiguous' of loop-invariant 'inp'
   return net;
 }
+
+// A module called through its holder (`fp(x)`) runs its forward, which
+// writes only the module and its arguments; `q->` only gives the pointer:
+// the dequantised weight stays loop-invariant.
+struct DequantImpl : torch::nn::Module {
+  DequantImpl() { bias = register_parameter("bias", torch::zeros({3})); w_ = torch::rand({3, 4}); }
+  torch::Tensor dequantize() const { return w_ * 2; }
+  torch::Tensor w_, bias;
+};
+TORCH_MODULE(Dequant);
+double layerError(Dequant &q, torch::nn::Linear &fp, const std::vector<torch::Tensor> &batches) {
+  torch::NoGradGuard no_grad;
+  auto w_deq = q->dequantize();
+  double err = 0;
+  for (const auto &x : batches) {
+    auto wt = w_deq.t().contiguous();
+    // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: 'contiguous' of loop-invariant 'w_deq.t()' copies the non-contiguous tensor on every iteration
+    auto y = torch::mm(x, wt) + q->bias;
+    err += (fp(x) - y).pow(2).mean().item<double>();
+  }
+  return err;
+}

@@ -712,3 +712,37 @@ void trainWarp(const Tensor &batch) {
   torch::save(exported, "head.pt");
   host->forward(batch.to(torch::kDouble));
 }
+
+// A filterbank made by a function of the TU (factories filled in a loop) is
+// a CPU member when it is not registered; a parameter reassigned from itself
+// (`wav = pad(wav)`) is still what the callers pass, moved to the device.
+Tensor melFilterbank(int64_t mels, int64_t freqs) {
+  auto fb = torch::zeros({mels, freqs});
+  for (int64_t m = 0; m < mels; ++m)
+    fb[m] = torch::rand({freqs});
+  return fb;
+}
+struct MelSpecImpl : torch::nn::Module {
+  MelSpecImpl() {
+    window_ = register_buffer("window", torch::hann_window(16));
+    basis_ = melFilterbank(8, 9);
+    registered_ = register_buffer("registered", melFilterbank(8, 9));
+  }
+  Tensor forward(Tensor wav) {
+    namespace F = torch::nn::functional;
+    wav = F::pad(wav.unsqueeze(1), F::PadFuncOptions({2, 2}).mode(torch::kReflect)).squeeze(1);
+    auto spec = torch::stft(wav, 16, 4, 16, window_, false, true, true).abs();
+    auto ok = torch::matmul(registered_, spec);
+    return torch::matmul(basis_, spec) + ok;
+    // CHECK-MESSAGES: :[[@LINE-1]]:12: error: 'matmul' combines the CPU tensor 'basis_' (a member the module's to() does not move: it is not registered) with 'spec': throws at run time on a machine with CUDA
+  }
+  Tensor window_, basis_, registered_;
+};
+TORCH_MODULE(MelSpec);
+
+void logMel(const Tensor &audio) {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  MelSpec mel;
+  mel->to(device);
+  mel->forward(audio.to(device));
+}

@@ -574,3 +574,34 @@ void droppedMessages(torch::nn::Linear &fc, const Tensor &x) {
   logs.mul_(2.0);
   (msg.sum() + logs.sum()).backward();
 }
+
+// What a torch::nn module saves is its ops.def row (TT_MODULE): GroupNorm
+// its input, Sigmoid its output, Dropout neither (only its mask).
+struct NormBlock : torch::nn::Module {
+  NormBlock() {
+    norm = register_module("norm", torch::nn::GroupNorm(2, 8));
+    gate = register_module("gate", torch::nn::Sigmoid());
+    drop = register_module("drop", torch::nn::Dropout(0.1));
+    conv = register_module("conv", torch::nn::Conv2d(8, 8, 1));
+  }
+  Tensor forward(Tensor x) {
+    auto h = conv(norm(x));
+    return x.add_(h);
+    // CHECK-MESSAGES: :[[@LINE-1]]:14: warning: in-place 'add_' on 'x', which 'norm' saved for backward (its input)
+  }
+  Tensor gated(Tensor x) {
+    auto g = gate(conv(x));
+    g.mul_(2.0);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'mul_' on 'g', which 'gate' saved for backward (its result)
+    return g;
+  }
+  Tensor dropped(Tensor x) {
+    auto d = drop(conv(x));
+    d.mul_(2.0);
+    return d;
+  }
+  torch::nn::GroupNorm norm{nullptr};
+  torch::nn::Sigmoid gate{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::Conv2d conv{nullptr};
+};

@@ -115,3 +115,36 @@ void shiftWindow(ConvCache &cache, const ConvCache &other) {
   // CHECK-MESSAGES: :[[@LINE-1]]:34: error: in-place 'copy_' reads a tensor that partially overlaps
   cache.conv.narrow(0, 0, K - 1).copy_(other.conv.narrow(0, 1, K - 1));
 }
+
+// A tensor made relative to one of its own rows: a slice with constant
+// bounds is some of the elements written, not all. Along dim 0 it is dense
+// and PyTorch compares it (throws); along another dim it leaves gaps and
+// PyTorch cannot tell (order-dependent). A copy, or a reduction, is apart.
+void relativeToFirst(Tensor &clouds, Tensor &rows) {
+  clouds.sub_(clouds.narrow(1, 0, 1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:10: warning: in-place 'sub_' reads a tensor that partially overlaps the one it writes (a slice along dimension 1 of it): PyTorch cannot detect it
+  // CHECK-FIXES: {{^}}  clouds.sub_(clouds.narrow(1, 0, 1).clone());{{$}}
+  rows.sub_(rows.narrow(0, 0, 1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:8: error: in-place 'sub_' reads a tensor that partially overlaps the one it writes: throws at run time
+}
+void relativeToCopy(Tensor &clouds) {
+  auto first = clouds.narrow(1, 0, 1).clone();
+  clouds.sub_(first);
+  clouds.sub_(clouds.mean(1, true));
+}
+
+// The result of a function of the TU is one storage for its views here.
+struct GraphImpl : torch::nn::Module {
+  GraphImpl() { nodevec = register_parameter("nodevec", torch::randn({8, 4})); }
+  Tensor adjacency() { return torch::softmax(torch::relu(torch::mm(nodevec, nodevec.t())), 1); }
+  Tensor nodevec;
+};
+TORCH_MODULE(Graph);
+void exportAdjacency(Graph &model) {
+  torch::NoGradGuard no_grad;
+  auto adj = model->adjacency().detach().cpu();
+  adj.add_(adj.t()).mul_(0.5);
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: error: in-place 'add_' reads a tensor that partially overlaps
+  auto other = model->adjacency();
+  other.add_(model->adjacency().t());
+}

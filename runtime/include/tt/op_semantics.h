@@ -224,6 +224,45 @@ constexpr bool inPlaceKeepsLayout(std::string_view name) {
   return isInPlaceName(name) && !inList(kReshapesSelf, name);
 }
 
+// ops.def's TT_MODULE section: LibTorch's torch::nn library modules.
+enum class ModuleWeights : std::uint8_t { Weights, NoWeights };
+enum class ModuleSaves : std::uint8_t { Input, Result, InputResult, Nothing };
+enum class ModuleShape : std::uint8_t { Same, Linear, Embedding, Conv, Pool, Other };
+enum class ModuleLayout : std::uint8_t { Contiguous, AsInput, Unknown };
+
+struct ModuleInfo {
+  std::string_view name;
+  ModuleWeights weights;
+  ModuleSaves saves;
+  ModuleShape shape;   // of the output
+  ModuleLayout layout; // of the output
+  int dims;            // spatial dims of Conv and Pool
+  constexpr bool holdsWeights() const { return weights == ModuleWeights::Weights; }
+  constexpr bool savesInput() const {
+    return saves == ModuleSaves::Input || saves == ModuleSaves::InputResult;
+  }
+  constexpr bool savesResult() const {
+    return saves == ModuleSaves::Result || saves == ModuleSaves::InputResult;
+  }
+};
+
+inline constexpr ModuleInfo kModules[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_MODULE(Name, W, S, Sh, L, D)                                                           \
+  {#Name, ModuleWeights::W, ModuleSaves::S, ModuleShape::Sh, ModuleLayout::L, D},
+#include "tt/ops.def"
+#undef TT_MODULE
+#undef TT_OP
+};
+
+// The row of library module `name` ("Linear", "Conv2d"); nullptr if unlisted.
+constexpr const ModuleInfo *lookupModule(std::string_view name) {
+  for (const ModuleInfo &m : kModules)
+    if (m.name == name)
+      return &m;
+  return nullptr;
+}
+
 constexpr std::string_view toString(Storage s) {
   switch (s) {
   case Storage::View: return "view";

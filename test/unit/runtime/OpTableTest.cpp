@@ -185,3 +185,23 @@ TEST(OpTable, TraceNamesTheRowsKind) {
   ASSERT_NE(reshape, nullptr);
   EXPECT_EQ(sem::toString(reshape->storage), "may-alias");
 }
+
+// The TT_MODULE rows (checked against torch.nn by scripts/check_op_table.py)
+// are well formed: one row a name, spatial dims exactly on Conv and Pool rows,
+// a layout on every row whose sizes are known.
+TEST(OpTable, ModuleRowsAreWellFormed) {
+  std::map<std::string, int> Seen;
+  for (const sem::ModuleInfo &m : sem::kModules) {
+    EXPECT_EQ(++Seen[std::string(m.name)], 1) << m.name;
+    bool Spatial = m.shape == sem::ModuleShape::Conv || m.shape == sem::ModuleShape::Pool;
+    EXPECT_EQ(Spatial, m.dims >= 1 && m.dims <= 3) << m.name;
+    EXPECT_EQ(m.shape == sem::ModuleShape::Other, m.layout == sem::ModuleLayout::Unknown) << m.name;
+    EXPECT_EQ(sem::lookupModule(m.name), &m);
+  }
+  EXPECT_EQ(sem::lookupModule("NoSuchModule"), nullptr);
+  ASSERT_NE(sem::lookupModule("BatchNorm2d"), nullptr);
+  EXPECT_TRUE(sem::lookupModule("BatchNorm2d")->holdsWeights());
+  EXPECT_TRUE(sem::lookupModule("RNNCell")->savesInput());
+  EXPECT_TRUE(sem::lookupModule("RNNCell")->savesResult());
+  EXPECT_FALSE(sem::lookupModule("Dropout")->savesInput());
+}
