@@ -94,8 +94,8 @@ bool savesInputV(const GradFacts &G, const TensorModel &Model, const CallExpr *C
   return false;
 }
 
-// What the library module Call runs saves (its TT_MODULE row); null when
-// Call is no library module's call.
+// The TT_MODULE row of the library module Call runs (what it saves); null
+// when Call is no library module's call.
 const sem::ModuleInfo *calledLibraryModule(const CallExpr *Call) {
   const Expr *M = calledModule(Call);
   return M ? libraryModule(M->getType()) : nullptr;
@@ -122,7 +122,7 @@ bool callSavesInput(const GradFacts &G, const TensorModel &Model, const CallExpr
       Depth >= 2)
     return false;
   const Expr *In = calleeArg(Call, 0);
-  if (const sem::ModuleInfo *Row = M ? libraryModule(M->getType()) : nullptr)
+  if (const sem::ModuleInfo *Row = calledLibraryModule(Call))
     return In && namesDecl(Model.viewRoot(In), V) && Row->savesInput();
   const FunctionDecl *FD = readableBodyOf(Call);
   if (!FD)
