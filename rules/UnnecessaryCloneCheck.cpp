@@ -248,7 +248,7 @@ void UnnecessaryCloneCheck::check(const MatchFinder::MatchResult &Result) {
     if (std::optional<InPlaceUse> U = inPlaceStatement(C->Rest.front(), C->V);
         U && (namedSource(Call->getImplicitObjectArgument()) ||
               llvm::none_of(U->ArgExprs, [&](const Expr *A) { return mentions(A, C->V); })) &&
-        !Call->getBeginLoc().isMacroID() && !integerSource(Call, Ctx)) {
+        !Call->getBeginLoc().isMacroID() && !promotesInteger(Call, U->OutOfPlace, Ctx)) {
       if (Reported.first(reportLoc(Call)))
         reportInPlaceFirst(*C, C->Rest.front(), Ctx);
       return;
@@ -262,8 +262,12 @@ void UnnecessaryCloneCheck::check(const MatchFinder::MatchResult &Result) {
     reportUnneeded(*C, Ctx);
 }
 
-// An integer copy stays integer in place; the out-of-place op may promote.
-bool UnnecessaryCloneCheck::integerSource(const CXXMemberCallExpr *Clone, ASTContext &Ctx) {
+// An integer copy stays integer in place; the out-of-place op may promote,
+// unless its result has self's dtype whatever the rest (`masked_fill`).
+bool UnnecessaryCloneCheck::promotesInteger(const CXXMemberCallExpr *Clone, StringRef OutOfPlace,
+                                            ASTContext &Ctx) {
+  if (sem::resultDType(OutOfPlace) == sem::ResultDType::Own)
+    return false;
   const LayoutAnalysis *Lay = AnalysisManager::get(Model, Ctx).layoutAt(Clone);
   const TensorFact *Kind = Lay ? Lay->factOf(Clone->getImplicitObjectArgument()) : nullptr;
   return Kind && !Kind->DTypeAssumed && !Kind->DType.empty() &&
@@ -282,17 +286,36 @@ bool UnnecessaryCloneCheck::reportChained(const CXXMemberCallExpr *Clone, ASTCon
   if (!MD || !MD->getIdentifier() || outOfPlaceOf(MD->getName()).empty())
     return false;
   if (!Clone->getBeginLoc().isMacroID() && !inTemplateInstantiation(Clone, Ctx) &&
-      !integerSource(Clone, Ctx) && Reported.first(reportLoc(Clone)))
+      !promotesInteger(Clone, outOfPlaceOf(MD->getName()), Ctx) && Reported.first(reportLoc(Clone)))
     reportOnTemporary(Clone, Use, Ctx);
   return true;
 }
 
 // `t.argmax(0).clone()`: the op of the table whose fresh result is copied, a
-// tensor nothing else holds.
+// tensor nothing else holds; or `flat_params(m).clone()`, a function of the
+// TU each of whose returns is such an op's result (`return torch::cat(v);`).
 const sem::OpInfo *UnnecessaryCloneCheck::freshSourceOp(const CXXMemberCallExpr *Clone) const {
   const auto *Src = dyn_cast<CallExpr>(stripHandle(Clone->getImplicitObjectArgument()));
-  const sem::OpInfo *Op = Src ? Model.opOf(Src) : nullptr;
-  return Op && Op->storage == sem::Storage::Fresh ? Op : nullptr;
+  const FunctionDecl *Get = Src ? Src->getDirectCallee() : nullptr;
+  if (Get && Get->getIdentifier() && Get->getName() == "get" && Get->isInStdNamespace() &&
+      Src->getNumArgs() == 1) // std::get<0>(torch::sort(x, 0)): one of its fresh results
+    Src = dyn_cast<CallExpr>(stripHandle(Src->getArg(0)));
+  if (const sem::OpInfo *Op = Src ? Model.opOf(Src) : nullptr)
+    return Op->storage == sem::Storage::Fresh ? Op : nullptr;
+  const FunctionDecl *FD = Src ? readableBodyOf(Src) : nullptr;
+  llvm::SmallVector<const ReturnStmt *, 2> Returns;
+  if (FD)
+    collectReturns(FD->getBody(), Returns);
+  const sem::OpInfo *Found = nullptr;
+  for (const ReturnStmt *RS : Returns) {
+    const auto *R = dyn_cast_or_null<CallExpr>(
+        RS->getRetValue() ? stripHandle(RS->getRetValue()) : nullptr);
+    const sem::OpInfo *Op = R ? Model.opOf(R) : nullptr;
+    if (!Op || Op->storage != sem::Storage::Fresh)
+      return nullptr;
+    Found = Op;
+  }
+  return Found;
 }
 
 Finding UnnecessaryCloneCheck::temporaryFinding(const CXXMemberCallExpr *Clone, FixKind Fix,
@@ -339,10 +362,16 @@ void UnnecessaryCloneCheck::reportFreshSource(const CXXMemberCallExpr *Clone, AS
   const Expr *Obj = Clone->getImplicitObjectArgument();
   StringRef Src = textOf(Obj->getSourceRange(), Ctx);
   const sem::OpInfo *Op = freshSourceOp(Clone);
+  // Through a function of the file: its name, and the op it returns.
+  const auto *SrcCall = cast<CallExpr>(stripHandle(Obj));
+  const FunctionDecl *Helper = Model.opOf(SrcCall) ? nullptr : readableBodyOf(SrcCall);
+  std::string What = "'" + std::string(Op->name) + "'";
+  if (Helper)
+    What = "'" + Helper->getNameAsString() + "' (a new tensor from " + What + ")";
   auto D = diag(reportLoc(Clone),
-                "'clone' copies the fresh result of '%0', which nothing else holds: the copy "
+                "'clone' copies the fresh result of %0, which nothing else holds: the copy "
                 "(an allocation and a pass over memory) buys nothing; drop '.clone()'")
-           << std::string(Op->name);
+           << What;
   bool Fixable = !Src.empty();
   if (Fixable)
     D << FixItHint::CreateReplacement(Clone->getSourceRange(), Src.str());

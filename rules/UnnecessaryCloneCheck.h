@@ -36,7 +36,7 @@ private:
   void reportOnTemporary(const CXXMemberCallExpr *Clone, const CXXMemberCallExpr *InPlace,
                          ASTContext &Ctx);
   void reportFreshSource(const CXXMemberCallExpr *Clone, ASTContext &Ctx);
-  bool integerSource(const CXXMemberCallExpr *Clone, ASTContext &Ctx);
+  bool promotesInteger(const CXXMemberCallExpr *Clone, StringRef OutOfPlace, ASTContext &Ctx);
   Finding temporaryFinding(const CXXMemberCallExpr *Clone, FixKind Fix, Fact Why,
                            const SourceManager &SM) const;
   ReportedOnce Reported;

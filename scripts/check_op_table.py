@@ -62,6 +62,7 @@ def probes(torch, F):
         "bincount": lambda t: torch.bincount((t.abs() * 3).long().flatten()),
         "bitwise_and": lambda t: (t > 0) & (t < 1), "bitwise_not": lambda t: ~(t > 0),
         "bitwise_or": lambda t: (t > 0) | (t < 1), "bitwise_xor": lambda t: (t > 0) ^ (t < 1),
+        "bitwise_left_shift": lambda t: t.long() << 1, "bitwise_right_shift": lambda t: t.long() >> 1,
         "maximum": lambda t: torch.maximum(t, t), "minimum": lambda t: torch.minimum(t, t),
         # (values, indices) ops: their values
         "sort": lambda t: t.sort(1)[0], "topk": lambda t: t.topk(2, 1)[0],
@@ -75,6 +76,10 @@ def probes(torch, F):
         "silu": F.silu, "sin": torch.sin, "softplus": F.softplus, "softsign": F.softsign,
         "square": torch.square,
         "adaptive_avg_pool2d": lambda t: F.adaptive_avg_pool2d(t, 1), "amax": lambda t: t.amax(-1),
+        "addmm": lambda t: torch.addmm(t[0, 0, 0, :5], t[0, 0], t[0, 1].t()),
+        "baddbmm": lambda t: torch.baddbmm(t[0][..., :5], t[0], t[0].transpose(1, 2)),
+        "grid_sample": lambda t: F.grid_sample(t, torch.zeros(3, 2, 2, 2), align_corners=False),
+        "outer": lambda t: torch.outer(t[0, 0, 0], t[0, 1, 0]),
         "amin": lambda t: t.amin(-1), "mean_dim": lambda t: t.mean(-1), "avg_pool2d": lambda t: F.avg_pool2d(t, 2),
         "batch_norm": lambda t: F.batch_norm(t, None, None, training=True),
         "binary_cross_entropy": lambda t: F.binary_cross_entropy(t.sigmoid(), t.sigmoid().detach()),

@@ -440,6 +440,10 @@ bool neverAssigned(const VarDecl *V, const Stmt *Body) {
   return true;
 }
 
+bool factoryAlwaysRanked(llvm::StringRef Name) {
+  return llvm::is_contained({"eye", "arange", "linspace", "randperm"}, Name);
+}
+
 bool namesIntegerData(llvm::StringRef Name) {
   // On the layout dataflow's path for every assumed input: no allocation.
   static constexpr StringRef Words[] = {

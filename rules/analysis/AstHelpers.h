@@ -162,6 +162,10 @@ bool neverAssigned(const VarDecl *V, const Stmt *Body);
 /// not taken as float32.
 bool namesIntegerData(llvm::StringRef Name);
 
+/// A factory whose result has rank >= 1 whatever its arguments (`arange`,
+/// `linspace`, `eye`, `randperm`): never a 0-dim tensor.
+bool factoryAlwaysRanked(llvm::StringRef Name);
+
 /// Locals that hold their initializer for life: a local variable, not
 /// static, not a reference, initialised and never assigned in its function
 /// (a method call on it may still change what it refers to). Memoised per

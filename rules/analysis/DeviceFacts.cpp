@@ -28,6 +28,13 @@ constexpr unsigned kMaxHops = 12;
 
 bool onCUDA(DeviceKnown D) { return D == DeviceKnown::CUDA || D == DeviceKnown::CUDAIfAvailable; }
 
+// A TensorOptions made from a value of this type leaves the device default.
+bool namesNoDevice(QualType T) {
+  std::string N = T.getNonReferenceType().getUnqualifiedType().getAsString();
+  return llvm::any_of(llvm::ArrayRef<StringRef>{"ScalarType", "TypeMeta", "Layout", "MemoryFormat"},
+                      [&](StringRef W) { return StringRef(N).ends_with(W); });
+}
+
 // E calls torch::cuda::is_available() (or tt::cuda::is_available()).
 bool asksAvailability(const Stmt *S) {
   if (!S)
@@ -330,9 +337,12 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
       return DeviceKnown::CUDAIfAvailable;
     return meetDevices(T, F);
   }
-  // torch::Device(kCUDA, 0), TensorOptions(device), optional<Device>.
+  // torch::Device(kCUDA, 0), TensorOptions(device), optional<Device>;
+  // TensorOptions(kFloat) (a dtype, layout or memory format): the default device.
   if (const auto *CE = dyn_cast<CXXConstructExpr>(E))
-    return CE->getNumArgs() ? deviceNamed(CE->getArg(0), Depth) : DeviceKnown::NotCUDA;
+    return !CE->getNumArgs() || namesNoDevice(CE->getArg(0)->getType())
+               ? DeviceKnown::NotCUDA
+               : deviceNamed(CE->getArg(0), Depth);
   if (const auto *C = dyn_cast<CallExpr>(E)) {
     StringRef N = calleeName(C);
     const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
@@ -352,7 +362,7 @@ DeviceKnown DeviceFacts::deviceNamed(const Expr *E, unsigned Depth) {
 
 DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth, bool Ours) {
   DeviceKnown Best = DeviceKnown::Unknown;
-  bool HostTensor = false;
+  bool HostTensor = false, AllHost = true;
   for (const Expr *A : C->arguments()) {
     // `sample_batch(data, n, device)`: a call given a device computes there.
     bool Tensor = Model.isTensorExpr(A) || Model.isTensorVectorType(A->getType());
@@ -360,14 +370,21 @@ DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth, bool Our
                     : Model.isTensorListType(A->getType()) ? ofListArgument(A, Depth)
                     : isDeviceLikeType(A->getType())       ? deviceNamed(A, Depth)
                                                            : ofStructArgument(A, Depth);
-    HostTensor |= Ours && Tensor && D == DeviceKnown::NotCUDA;
+    HostTensor |= Tensor && D == DeviceKnown::NotCUDA;
+    // A list or struct may carry tensors this does not follow.
+    AllHost &= Tensor ? D == DeviceKnown::NotCUDA
+                      : !Model.isTensorListType(A->getType()) &&
+                            !scalarSource(A)->getType()->isRecordType();
     if (onCUDA(D) && Best != DeviceKnown::CUDA)
       Best = D;
   }
   // A function of ours given tensors on two devices has none of its own: it
   // may throw in there (reported there) or move one; a library op's
   // mismatch is reported at the call, and its value taken on CUDA after it.
-  return HostTensor ? DeviceKnown::Unknown : Best;
+  // A library op given only host tensors computes on the host.
+  if (Ours)
+    return HostTensor ? DeviceKnown::Unknown : Best;
+  return HostTensor && AllHost && Best == DeviceKnown::Unknown ? DeviceKnown::NotCUDA : Best;
 }
 
 DeviceKnown DeviceFacts::ofListArgument(const Expr *A, unsigned Depth) {
@@ -552,9 +569,26 @@ static const Expr *soleReturnValue(const CallExpr *C) {
   return V && V->isLocalVarDecl() && V->getInit() ? V->getInit() : R;
 }
 
+// The first tensor operand of an elementwise op or operator (`1.0 / pow(b,
+// arange(n) / d)`): the result has at least that operand's rank.
+static const Expr *elementwiseOperand(const CallExpr *C, const TensorModel &Model) {
+  const auto *OC = dyn_cast_or_null<CXXOperatorCallExpr>(C);
+  const sem::OpInfo *Op = OC ? sem::lookup(operatorOpName(OC)) : C ? Model.opOf(C) : nullptr;
+  if (!Op && C && isTensorApi(C->getDirectCallee())) // torch::pow(base, t): a number first
+    Op = sem::lookup(calleeName(C));
+  if (!Op || Op->storage != sem::Storage::Fresh || Op->layout != sem::Layout::Same)
+    return nullptr;
+  if (const auto *MC = dyn_cast<CXXMemberCallExpr>(C))
+    return MC->getImplicitObjectArgument();
+  for (const Expr *A : C->arguments())
+    if (Model.isTensorExpr(A))
+      return A;
+  return nullptr;
+}
+
 // The factory call V is made from, through tensor methods that keep or add
-// dimensions (`view`, `unsqueeze`, `to(kLong)`; not a reduction such as `sum`)
-// and through a function of the TU that returns it.
+// dimensions (`view`, `unsqueeze`, `to(kLong)`; not a reduction such as `sum`),
+// elementwise math and a function of the TU that returns it.
 static const CallExpr *factoryRoot(const Expr *V, const TensorModel &Model) {
   for (int I = 0; V && I < 8; ++I) {
     const auto *C = dyn_cast<CallExpr>(stripHandle(V));
@@ -562,6 +596,10 @@ static const CallExpr *factoryRoot(const Expr *V, const TensorModel &Model) {
       return C;
     if (const Expr *R = soleReturnValue(C)) {
       V = R;
+      continue;
+    }
+    if (const Expr *A = elementwiseOperand(C, Model)) {
+      V = A;
       continue;
     }
     const auto *MC = dyn_cast_or_null<CXXMemberCallExpr>(C);
@@ -586,7 +624,7 @@ static bool madeWithDims(const CallExpr *Factory) {
     return !scalarSource(Factory->getArg(0))->getType()->isArithmeticType();
   if (llvm::is_contained({"zeros", "ones", "empty", "rand", "randn", "full"}, N))
     return !bracedElements(Factory->getArg(0)).empty();
-  return llvm::is_contained({"eye", "arange", "linspace", "randperm"}, N);
+  return factoryAlwaysRanked(N);
 }
 
 bool DeviceFacts::hostMember(const Expr *E) {
@@ -608,7 +646,7 @@ bool DeviceFacts::madeOnHost(const FieldDecl *F) {
   return !Values.empty() && llvm::all_of(Values, [&](const Expr *V) {
     const CallExpr *Root = factoryRoot(V, Model);
     DeviceFacts *D = Root && madeWithDims(Root) ? AM.devicesAt(V) : nullptr;
-    return D && D->deviceOf(V) == DeviceKnown::NotCUDA;
+      return D && D->deviceOf(V) == DeviceKnown::NotCUDA;
   });
 }
 

@@ -220,8 +220,9 @@ std::optional<Shape> LayoutAnalysis::Impl::sizesArg(const OpCall &C) {
 // The sizes of `torch::tensor(data)` as far as its data's type tells: a
 // scalar makes a 0-dim tensor, a std::vector or ArrayRef one dim, a braced
 // list of scalars one dim of its length.
-static std::optional<Shape> tensorDataShape(const Expr *A, SymTable &ST) {
-  for (int I = 0; A && I < 4; ++I) { // through the TensorDataContainer conversions
+// The data `torch::tensor(data)` is given, through the TensorDataContainer conversions.
+static const Expr *tensorDataSource(const Expr *A) {
+  for (int I = 0; A && I < 4; ++I) {
     A = A->IgnoreImplicit();
     const auto *CE = dyn_cast<CXXConstructExpr>(A);
     if (!CE || CE->getNumArgs() != 1 ||
@@ -229,6 +230,11 @@ static std::optional<Shape> tensorDataShape(const Expr *A, SymTable &ST) {
       break;
     A = CE->getArg(0);
   }
+  return A;
+}
+
+static std::optional<Shape> tensorDataShape(const Expr *A, SymTable &ST) {
+  A = tensorDataSource(A);
   if (!A)
     return std::nullopt;
   if (const auto *IL = dyn_cast<CXXStdInitializerListExpr>(A)) {
@@ -245,6 +251,36 @@ static std::optional<Shape> tensorDataShape(const Expr *A, SymTable &ST) {
   if (N.find("std::vector<") != std::string::npos || N.find("c10::ArrayRef<") != std::string::npos)
     return Shape{ST.sym(A, 1)};
   return std::nullopt;
+}
+
+// The dtype `torch::tensor(data)` gives its data when no option names one (as
+// LibTorch 1.13 does): integers (a scalar, a braced list, a std::vector) make
+// int64, uint8_t makes uint8, floating numbers the default float32. Empty when
+// the element type is another (bool, int8_t) or not seen.
+static DTypeName tensorDataDType(const Expr *A) {
+  A = tensorDataSource(A);
+  if (const auto *IL = dyn_cast_or_null<CXXStdInitializerListExpr>(A)) {
+    const auto *Init = dyn_cast<InitListExpr>(IL->getSubExpr()->IgnoreImplicit());
+    return Init && Init->getNumInits() ? tensorDataDType(Init->getInit(0)) : DTypeName{};
+  }
+  QualType T = A ? A->getType().getNonReferenceType() : QualType();
+  if (const auto *Spec = T.isNull() ? nullptr
+                                    : dyn_cast_or_null<ClassTemplateSpecializationDecl>(
+                                          T->getAsCXXRecordDecl());
+      Spec && Spec->getTemplateArgs().size() >= 1 &&
+      Spec->getTemplateArgs()[0].getKind() == TemplateArgument::Type &&
+      llvm::is_contained({"vector", "ArrayRef"}, Spec->getName()))
+    T = Spec->getTemplateArgs()[0].getAsType();
+  if (T.isNull() || !T->isArithmeticType() || T->isBooleanType())
+    return {};
+  if (T->isFloatingType())
+    return {"Float", 4};
+  T = T.getCanonicalType();
+  if (T->isSpecificBuiltinType(BuiltinType::UChar))
+    return {"Byte", 1};
+  if (T->isAnyCharacterType() || T->isSpecificBuiltinType(BuiltinType::SChar))
+    return {};
+  return {"Long", 8};
 }
 
 // `t.sizes()` of a tensor t: a shape with t's rank.
@@ -320,6 +356,8 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
                                           : sizesArg(C);
   } else if (C.Name == "tensor" && C.arg(0)) {
     Sz = tensorDataShape(C.arg(0), ST);
+    if (!DT.Size)
+      DT = tensorDataDType(C.arg(0));
   }
   // torch::tensor takes its dtype from the data.
   if (!DT.Size && C.Name != "tensor")
@@ -328,6 +366,8 @@ TensorFact LayoutAnalysis::Impl::factory(const OpCall &C) {
   F.ElemSize = DT.Size;
   if (Sz)
     setContiguous(F, *Sz);
+  else if (factoryAlwaysRanked(C.Name))
+    F.HasDims = true; // `arange(n - 1, -1, -1.0)`: 1-D, its size unknown
   return F;
 }
 

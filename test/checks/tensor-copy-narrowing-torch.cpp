@@ -379,3 +379,15 @@ void fillValues(ValueLog &log) {
   log.put(torch::ones({}, torch::kDouble), 0);
   log.put(torch::ones({}), 1);
 }
+
+// torch::tensor(data) takes its dtype from the data: integers make int64,
+// floating numbers the default float32 (LibTorch 1.13).
+void storeHistory(const std::vector<int64_t> &tail, const std::vector<double> &rewards) {
+  auto seqs = torch::zeros({16}, torch::kInt);
+  seqs.narrow(0, 0, 4).copy_(torch::tensor(tail));
+  // CHECK-MESSAGES: :[[@LINE-1]]:24: warning: copy_ silently converts int64 to int32 (the destination's dtype): values out of range wrap around
+  auto ids = torch::zeros({16}, torch::kLong);
+  ids.narrow(0, 0, 4).copy_(torch::tensor(tail));
+  auto returns = torch::zeros({16});
+  returns.narrow(0, 0, 4).copy_(torch::tensor(rewards));
+}

@@ -746,3 +746,36 @@ void logMel(const Tensor &audio) {
   mel->to(device);
   mel->forward(audio.to(device));
 }
+
+// A member made by elementwise math over a host factory (`1.0 / pow(base,
+// arange(...))`) is a host member; arange's result is 1-D, never a CPU scalar.
+// A 0-dim member (a reduction) is a CPU scalar CUDA ops accept; a registered
+// one moves.
+struct RotaryImpl : torch::nn::Module {
+  RotaryImpl(int64_t dim, double base) {
+    inv_freq_ = 1.0 / torch::pow(base, torch::arange(0, dim, 2, torch::kFloat) / dim);
+    moved_ = register_buffer("moved", 1.0 / torch::pow(base, torch::arange(0, dim, 2) / dim));
+    total_ = torch::arange(0, dim, 2).sum();
+  }
+  Tensor forward(const Tensor &x, const Tensor &positions) {
+    auto freqs = torch::outer(positions.to(torch::kFloat), inv_freq_);
+    // CHECK-MESSAGES: :[[@LINE-1]]:18: error: 'outer' combines the CPU tensor 'inv_freq_' (a member the module's to() does not move: it is not registered) with 'positions.to(torch::kFloat)': throws at run time on a machine with CUDA
+    auto ok = torch::outer(positions.to(torch::kFloat), moved_) * total_;
+    return x * freqs.cos() + ok;
+  }
+  Tensor relative(int64_t klen) {
+    auto pos_seq = torch::arange(klen - 1, -1, -1.0);
+    return torch::outer(pos_seq, moved_);
+    // CHECK-MESSAGES: :[[@LINE-1]]:12: error: 'outer' combines the CPU tensor 'pos_seq' with 'moved_': throws at run time on a machine with CUDA
+  }
+  Tensor inv_freq_, moved_, total_;
+};
+TORCH_MODULE(Rotary);
+
+void rotate(const Tensor &q) {
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  Rotary rope(8, 10000.0);
+  rope->to(device);
+  rope->forward(q.to(device), torch::arange(4, torch::TensorOptions().device(device)));
+  rope->relative(4);
+}

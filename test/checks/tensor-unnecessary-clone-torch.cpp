@@ -255,8 +255,8 @@ torch::Tensor forcesOf(const std::vector<torch::Tensor> &grads) {
 }
 torch::Tensor labelsOf(const torch::Tensor &prob) {
   auto pred = prob.argmax(0).clone();
-  // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'clone' copies the fresh result of 'argmax', which nothing else holds
-  // CHECK-FIXES: auto pred = prob.argmax(0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'clone' copies 'prob.argmax(0)', then 'masked_fill_' rewrites the copy in place at once
+  // CHECK-FIXES: auto pred = prob.argmax(0).masked_fill(prob.amax(0) < 0.5, 0);
   pred.masked_fill_(prob.amax(0) < 0.5, 0);
   return pred;
 }
@@ -270,4 +270,38 @@ torch::Tensor keptCopies(torch::Tensor buf, const torch::Tensor &src, int64_t n)
   buf.zero_();
   auto cl = src.permute({0, 2, 3, 1}).clone(torch::MemoryFormat::Contiguous);
   return a.sum() + ids.sum() + row.sum() + cl.sum();
+}
+
+// masked_fill keeps self's dtype whatever the fill value: an integer copy
+// filled at once is the out-of-place op (add_ above may promote: kept).
+torch::Tensor clozeInput(const torch::Tensor &seq, const torch::Tensor &masked, int64_t token) {
+  auto ids = seq.to(torch::kLong);
+  auto input = ids.clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:20: warning: 'clone' copies 'ids', then 'masked_fill_' rewrites the copy in place at once
+  input.masked_fill_(masked, token);
+  return input;
+}
+// CHECK-FIXES: auto input = ids.masked_fill(masked, token);
+
+// A function of the file whose every return is a fresh op's result, and one
+// of the results of a (values, indices) op.
+torch::Tensor flatParams(torch::nn::Module &m) {
+  std::vector<torch::Tensor> flat;
+  for (const auto &p : m.parameters())
+    flat.push_back(p.view(-1));
+  return torch::cat(flat);
+}
+struct Cache {
+  const torch::Tensor &table() const { return table_; }
+  torch::Tensor table_;
+};
+torch::Tensor snapshot(torch::nn::Module &m, const torch::Tensor &x, const Cache &c) {
+  auto old = flatParams(m).clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: 'clone' copies the fresh result of 'flatParams' (a new tensor from 'cat'), which nothing else holds
+  // CHECK-FIXES: auto old = flatParams(m);
+  auto sorted = std::get<0>(torch::sort(x, 0)).clone();
+  // CHECK-MESSAGES: :[[@LINE-1]]:48: warning: 'clone' copies the fresh result of 'sort', which nothing else holds
+  // CHECK-FIXES: auto sorted = std::get<0>(torch::sort(x, 0));
+  auto kept = c.table().clone(); // the member the cache holds
+  return old.sum() + sorted.sum() + kept.sum();
 }
