@@ -74,6 +74,8 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
     const Stmt *S = Work.pop_back_val();
     if (!S)
       continue;
+    if (const auto *C = dyn_cast<CallExpr>(S))
+      noteObjectUses(C);
     if (const auto *DS = dyn_cast<DeclStmt>(S)) {
       for (const Decl *D : DS->decls())
         if (const auto *V = dyn_cast<VarDecl>(D)) {
@@ -82,16 +84,25 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
           if (V->getInit())
             Bind(V, V->getInit());
           if (V->getInit() && !Model.isTensorType(V->getType()) &&
-              Model.mayHoldTensors(V->getType()))
+              Model.mayHoldTensors(V->getType())) {
             handOver(V->getInit());
+            if (!isDefaultConstructed(V->getInit()))
+              ExposedObjects.insert(V); // may hold what it was made from
+          }
           if (V->getType()->isReferenceType() && !V->getInit())
             ForeignVars.insert(V);
         }
     } else if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S)) {
-      if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
+      if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2) {
         if (const auto *L = dyn_cast<DeclRefExpr>(stripHandle(OC->getArg(0))))
           if (const auto *V = dyn_cast<VarDecl>(L->getDecl()))
             Bind(V, OC->getArg(1));
+        // `norm.stats = model->weight`: the object holds storage others reach.
+        if (const auto *ME = dyn_cast<MemberExpr>(stripHandle(OC->getArg(0))); ME && !ME->isArrow())
+          if (const auto *D = dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts()))
+            if (const auto *V = dyn_cast<VarDecl>(D->getDecl()); V && !isFreshValue(OC->getArg(1), 0))
+              ExposedObjects.insert(V);
+      }
     } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
       if (UO->getOpcode() == UO_AddrOf)
         if (const auto *D = dyn_cast<DeclRefExpr>(stripHandle(UO->getSubExpr())))
@@ -140,6 +151,32 @@ void LoopAnalysis::handOver(const Stmt *Init) {
     }
   for (const Stmt *C : Init->children())
     handOver(C);
+}
+
+// A local object named as an argument may be kept or written by the callee;
+// one whose method is given tensors it may keep holds storage others reach.
+void LoopAnalysis::noteObjectUses(const CallExpr *C) {
+  auto LocalObject = [&](const Expr *E) -> const VarDecl * {
+    const auto *D = E ? dyn_cast<DeclRefExpr>(E->IgnoreParenImpCasts()) : nullptr;
+    const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+    return V && !Model.isTensorType(V->getType()) ? V : nullptr;
+  };
+  for (const Expr *A : C->arguments())
+    if (const VarDecl *V = LocalObject(A))
+      ExposedObjects.insert(V);
+  const auto *MC = dyn_cast<CXXMemberCallExpr>(C);
+  const VarDecl *Obj = MC ? LocalObject(MC->getImplicitObjectArgument()) : nullptr;
+  if (!Obj || !MC->getMethodDecl() || MC->getMethodDecl()->isConst())
+    return; // a const method stores nothing in its object
+  for (unsigned I = 0; I < C->getNumArgs(); ++I)
+    if (Model.mayHoldTensors(C->getArg(I)->getType()) && mayKeepArg(MC->getMethodDecl(), I))
+      ExposedObjects.insert(Obj);
+}
+
+bool LoopAnalysis::privateObject(const VarDecl *V) const {
+  return !Model.isTensorType(V->getType()) && V->isLocalVarDecl() && !V->isStaticLocal() && !V->getType()->isReferenceType() &&
+         !V->getType()->isPointerType() && !pinned(V) && !ExposedObjects.count(V) &&
+         !ForeignVars.count(V) && !HandedOver.count(V);
 }
 
 // A tensor the caller passed, or a plain struct of them (`const Batch &b`).
@@ -241,6 +278,11 @@ void LoopAnalysis::callBasesOf(const CallExpr *C,
     return;
   }
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(C)) {
+    // A method of the TU returning a fresh tensor (`loader.positive_weights()`
+    // returning `torch::tensor({...})`) holds none of its object's storage.
+    if (const FunctionDecl *Body = F ? readableCallee(F) : nullptr;
+        Body && !C->getType()->isReferenceType() && returnsFresh(Body))
+      return;
     // A tensor method outside the table, or an accessor returning a handle
     // or reference into its object (`vec.back()`, `model->weight()`).
     if (TensorModel::isInPlaceCall(C) || !Model.isTensorExpr(MC->getImplicitObjectArgument()))
@@ -962,6 +1004,8 @@ bool LoopAnalysis::pinnedIn(const VarDecl *V, const Stmt *Loop) const {
 bool LoopAnalysis::keptOutside(const VarDecl *V, const LoopFacts &F) {
   if (V->hasGlobalStorage() && !V->getType().isConstQualified())
     return false;
+  if (privateObject(V)) // handles made from its fields are its own storage
+    return true;
   // Storage reachable from outside (a container of tensors, a module, a
   // handle aliasing a member): an opaque call (opt.step()) may write it.
   // A tensor the caller passed in is taken as the caller's data, which an
@@ -1005,7 +1049,10 @@ bool LoopAnalysis::isInvariantMember(const MemberExpr *ME, const Stmt *Loop, con
   const auto *D = ME->isArrow() ? nullptr : dyn_cast<DeclRefExpr>(Base);
   const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
   bool CallerField = V && isCallerTensor(V) && !HandedOver.count(V);
-  if (CallerField ? !Fl || F.WrittenFields.count(Fl) : fieldWritten(Fl, F))
+  // A field of a local object no opaque call reaches (`norm.stats`) changes
+  // only where the loop writes it.
+  bool OwnField = V && privateObject(V);
+  if (CallerField || OwnField ? !Fl || F.WrittenFields.count(Fl) : fieldWritten(Fl, F))
     return false;
   if (isa<CXXThisExpr>(Base))
     return !F.ThisMutated;

@@ -139,6 +139,12 @@ private:
   bool pinnedIn(const VarDecl *V, const Stmt *Loop) const;
   /// Its address is taken or a lambda captures it by reference.
   bool pinned(const VarDecl *V) const;
+  /// Local objects (not tensors) that code we cannot see may reach: passed to
+  /// a call or constructor, or given tensors by a call that may keep them.
+  llvm::DenseSet<const VarDecl *> ExposedObjects;
+  void noteObjectUses(const CallExpr *C);
+  /// V is a local object no opaque call can reach (Note [Opaque calls]).
+  bool privateObject(const VarDecl *V) const;
   mutable llvm::DenseMap<const FunctionDecl *, bool> FreshReturns; // returnsFresh, per function
   mutable llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, bool> KeptParams; // bodyKeepsParam
   // mayWriteArg's answers, per (function, parameter).

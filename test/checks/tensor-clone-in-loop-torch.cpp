@@ -448,3 +448,45 @@ double layerError(Dequant &q, torch::nn::Linear &fp, const std::vector<torch::Te
   }
   return err;
 }
+
+// An opaque call in the loop (`agent.update(b)`) cannot reach a local object
+// it is not given (Note [Opaque calls]): a field of that object, and a tensor
+// a method of the file returns fresh, stay loop-invariant. Not when a method
+// keeps the tensor it is given, another object is given the object, or the
+// loop calls a non-const method of it.
+struct Normaliser {
+  void fit(const torch::Tensor &x) { stats = torch::stack({x.mean(0), x.std(0)}); }
+  void keep(const torch::Tensor &x) { stats = x; }
+  void update(const torch::Tensor &x) { stats.mul_(0.9).add_(x); }
+  torch::Tensor positiveWeights() const { return torch::tensor({3.2f, 5.7f}); }
+  torch::Tensor stats;
+};
+struct Learner {
+  double update(const torch::Tensor &b);
+  void attach(Normaliser &n);
+};
+torch::Tensor nextBatch();
+double fitLoop(torch::Device device, int n, const torch::Tensor &data) {
+  Normaliser norm, kept, given, touched;
+  norm.fit(data);
+  kept.keep(data);
+  given.fit(data);
+  touched.fit(data);
+  const auto weights = norm.positiveWeights();
+  Learner agent;
+  agent.attach(given);
+  double total = 0;
+  for (int it = 0; it < n; ++it) {
+    auto b = nextBatch();
+    auto s1 = norm.stats.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:26: warning: 'to' of loop-invariant 'norm.stats' copies it to another device again on every iteration
+    auto w = weights.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:22: warning: 'to' of loop-invariant 'weights' copies it to another device again on every iteration
+    auto s2 = kept.stats.to(device);
+    auto s3 = given.stats.to(device);
+    auto s4 = touched.stats.to(device);
+    touched.update(b);
+    total += agent.update(b - s1 + s2 + s3 + s4 + w);
+  }
+  return total;
+}
