@@ -98,10 +98,13 @@ LoopAnalysis::LoopAnalysis(const TensorModel &Model, ASTContext &Ctx, const Func
           if (const auto *V = dyn_cast<VarDecl>(L->getDecl()))
             Bind(V, OC->getArg(1));
         // `norm.stats = model->weight`: the object holds storage others reach.
-        if (const auto *ME = dyn_cast<MemberExpr>(stripHandle(OC->getArg(0))); ME && !ME->isArrow())
-          if (const auto *D = dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts()))
-            if (const auto *V = dyn_cast<VarDecl>(D->getDecl()); V && !isFreshValue(OC->getArg(1), 0))
-              ExposedObjects.insert(V);
+        const auto *ME = dyn_cast<MemberExpr>(stripHandle(OC->getArg(0)));
+        const auto *D = ME && !ME->isArrow()
+                            ? dyn_cast<DeclRefExpr>(ME->getBase()->IgnoreParenImpCasts())
+                            : nullptr;
+        if (const auto *V = D ? dyn_cast<VarDecl>(D->getDecl()) : nullptr;
+            V && !isFreshValue(OC->getArg(1), 0))
+          ExposedObjects.insert(V);
       }
     } else if (const auto *UO = dyn_cast<UnaryOperator>(S)) {
       if (UO->getOpcode() == UO_AddrOf)
@@ -174,9 +177,9 @@ void LoopAnalysis::noteObjectUses(const CallExpr *C) {
 }
 
 bool LoopAnalysis::privateObject(const VarDecl *V) const {
-  return !Model.isTensorType(V->getType()) && V->isLocalVarDecl() && !V->isStaticLocal() && !V->getType()->isReferenceType() &&
-         !V->getType()->isPointerType() && !pinned(V) && !ExposedObjects.count(V) &&
-         !ForeignVars.count(V) && !HandedOver.count(V);
+  return !Model.isTensorType(V->getType()) && V->isLocalVarDecl() && !V->isStaticLocal() &&
+         !V->getType()->isReferenceType() && !V->getType()->isPointerType() && !pinned(V) &&
+         !ExposedObjects.count(V) && !ForeignVars.count(V) && !HandedOver.count(V);
 }
 
 // A tensor the caller passed, or a plain struct of them (`const Batch &b`).
