@@ -59,6 +59,8 @@ def probes(torch, F):
         "logaddexp": lambda t: torch.logaddexp(t, t), "logaddexp2": lambda t: torch.logaddexp2(t, t),
         "atan2": lambda t: torch.atan2(t, t), "fmax": lambda t: torch.fmax(t, t),
         "fmin": lambda t: torch.fmin(t, t), "xlogy": lambda t: torch.xlogy(t.abs(), t.abs()),
+        "bernoulli": lambda t: torch.bernoulli(t.sigmoid()),
+        "multinomial": lambda t: torch.multinomial(t.flatten(0, 2).softmax(-1), 2),
         "bincount": lambda t: torch.bincount((t.abs() * 3).long().flatten()),
         "bitwise_and": lambda t: (t > 0) & (t < 1), "bitwise_not": lambda t: ~(t > 0),
         "bitwise_or": lambda t: (t > 0) | (t < 1), "bitwise_xor": lambda t: (t > 0) ^ (t < 1),
@@ -321,6 +323,7 @@ def dtype_probes(torch, F):
     return {
         "argmax": lambda x: x.argmax(1), "argmin": lambda x: x.argmin(1),
         "argsort": lambda x: x.argsort(1), "nonzero": lambda x: x.nonzero(),
+        "multinomial": lambda x: torch.multinomial(x.abs() + 0.1, 2),
         "bincount": lambda x: x.long().flatten().bincount(),
         "one_hot": lambda x: F.one_hot(x.long(), 6),
         "eq": lambda x: x.eq(x), "ge": lambda x: x.ge(x), "gt": lambda x: x.gt(x),

@@ -26,7 +26,7 @@ bool TensorFact::operator==(const TensorFact &O) const {
          HasDims == O.HasDims && ElemSize == O.ElemSize && DType == O.DType && Device == O.Device &&
          DeviceRuntime == O.DeviceRuntime && DeviceIfAvailable == O.DeviceIfAvailable &&
          Throws == O.Throws && FloatingOp == O.FloatingOp &&
-         WholeValues == O.WholeValues && SwapA == O.SwapA &&
+         WholeValues == O.WholeValues && SwapA == O.SwapA && Matrix == O.Matrix &&
          SwapB == O.SwapB && UnitDims == O.UnitDims && NarrowDim == O.NarrowDim &&
          NarrowLen == O.NarrowLen && MinChunks == O.MinChunks && Src == O.Src &&
          Origin == O.Origin && OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&

@@ -86,6 +86,8 @@ struct TensorFact {
   /// Unknown rank: the (normalised) dims a transpose swapped on a tensor taken
   /// as contiguous; -1 when none.
   int SwapA = -1, SwapB = -1;
+  /// The swap is t()'s: the tensor is taken as a matrix (2 dims at most).
+  bool Matrix = false;
   /// Unknown rank: dims known to have size 1 (bit i: dim i, from unsqueeze).
   std::uint32_t UnitDims = 0;
   /// Unknown rank: a narrow of a contiguous tensor (sizes Src's) along this

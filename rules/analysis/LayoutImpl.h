@@ -271,7 +271,8 @@ public:
   ViewQuery decideView(const TensorFact &In, const std::optional<ShapeArg> &New,
                        const std::optional<Shape> &NewShape, Shape &NewStride);
   std::optional<Shape> shapeAtRank(const TensorFact &In, const ShapeArg &New, const Shape &Source,
-                                   const Shape &Sz);
+                                   const Shape &Sz, const Shape &Swapped);
+  std::optional<Shape> inferredShape(Shape NS, int Infer, const Shape &Sz);
   std::optional<Viewability> decideUnknownRank(const TensorFact &In, const ShapeArg &New,
                                                int &MinRank);
   std::optional<Shape> unknownRankLayout(const TensorFact &In, const ShapeArg &New, int Rank,

@@ -546,26 +546,44 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
 }
 
 // New's sizes at one rank of an unknown-rank input whose source has sizes
-// Source there and which has sizes Sz (before a swap): `x.size(-1)` named
-// after the source, `-1` inferred from Sz's element count; nullopt when the
-// shape does not fit that rank.
+// Source there and which has sizes Sz (Swapped after its swap): `x.size(-1)`
+// named after the source, `-1` inferred from Sz's element count; nullopt when
+// the shape does not fit that rank. Note [kept outer dim]: the size the
+// analysis cannot relate in `reshape({-1, hidden})` or `view({n, -1})` is the
+// tensor's own last or first.
 std::optional<Shape> LayoutAnalysis::Impl::shapeAtRank(const TensorFact &In, const ShapeArg &New,
-                                                       const Shape &Source, const Shape &Sz) {
+                                                       const Shape &Source, const Shape &Sz,
+                                                       const Shape &Swapped) {
   Shape NS = New.Sizes;
   for (Mono &M : NS) // `x.size(-1)`: the source's last dim at this rank
     if (ST.eq(M, ST.sym(In.Src, kLastDim)) == Cmp::EQ)
       M = Source.back();
+  if (std::optional<Shape> Fit = inferredShape(NS, New.Infer, Sz))
+    return Fit;
+  if (NS.size() != 2 || New.Infer < 0)
+    return std::nullopt;
+  Mono &Kept = NS[1 - New.Infer];
+  auto Related = [&](const Mono &S) { return ST.eq(Kept, S) == Cmp::EQ; };
+  if (Kept.isConst() || llvm::any_of(Source, Related))
+    return std::nullopt; // a size the code relates: it says where it goes
+  Kept = New.Infer == 0 ? Swapped.back() : Swapped.front();
+  return inferredShape(NS, New.Infer, Sz);
+}
+
+// NS with its entry Infer (-1: none) the quotient of Sz's element count by
+// the others; nullopt when it does not divide (or, without one, differs).
+std::optional<Shape> LayoutAnalysis::Impl::inferredShape(Shape NS, int Infer, const Shape &Sz) {
   Mono Numel = ST.product(Sz);
-  if (New.Infer < 0)
+  if (Infer < 0)
     return ST.eq(ST.product(NS), Numel) == Cmp::EQ ? std::optional<Shape>(NS) : std::nullopt;
   Mono Rest = Mono::constant(1);
   for (size_t I = 0; I < NS.size(); ++I)
-    if ((int)I != New.Infer)
+    if ((int)I != Infer)
       Rest = ST.mul(Rest, NS[I]);
   auto Q = ST.exactQuotient(Numel, Rest);
   if (!Q)
     return std::nullopt;
-  NS[New.Infer] = *Q;
+  NS[Infer] = *Q;
   return NS;
 }
 
@@ -586,8 +604,8 @@ std::optional<Viewability> LayoutAnalysis::Impl::decideUnknownRank(const TensorF
     return std::nullopt;
   std::optional<Viewability> Smallest, Above;
   bool NoOp = false;
-  const int Low = std::max(In.SwapB, In.NarrowDim) + 1;
-  for (int Rank = Low; In.Src && Rank <= Low + 3; ++Rank) {
+  const int Low = std::max(In.SwapB, In.NarrowDim) + 1, High = In.Matrix ? Low : Low + 3;
+  for (int Rank = Low; In.Src && Rank <= High; ++Rank) {
     Shape Sz, St;
     std::optional<Shape> NS = unknownRankLayout(In, New, Rank, Sz, St);
     if (!NS)
@@ -627,11 +645,13 @@ std::optional<Shape> LayoutAnalysis::Impl::unknownRankLayout(const TensorFact &I
   const Shape Source = Sz;
   if (In.NarrowDim >= 0)
     Sz[In.NarrowDim] = In.NarrowLen;
-  std::optional<Shape> NS = shapeAtRank(In, New, Source, Sz);
-  if (In.SwapA >= 0) {
-    std::swap(Sz[In.SwapA], Sz[In.SwapB]);
+  Shape Swapped = Sz;
+  if (In.SwapA >= 0)
+    std::swap(Swapped[In.SwapA], Swapped[In.SwapB]);
+  std::optional<Shape> NS = shapeAtRank(In, New, Source, Sz, Swapped);
+  if (In.SwapA >= 0)
     std::swap(St[In.SwapA], St[In.SwapB]);
-  }
+  Sz = std::move(Swapped);
   return NS;
 }
 
@@ -712,6 +732,7 @@ TensorFact LayoutAnalysis::Impl::transposeOp(const OpCall &C) {
   R.Assumed = true;
   R.SwapA = (int)std::min(*A, *B);
   R.SwapB = (int)std::max(*A, *B);
+  R.Matrix = C.Name == "t";
   derived(R, Self, C);
   return R;
 }
@@ -1414,6 +1435,7 @@ void LayoutAnalysis::Impl::renameUnranked(TensorFact &R, const void *Key) {
     }
   R.Src = R.Src ? Key : nullptr;
   R.SwapA = R.SwapB = R.NarrowDim = -1;
+  R.Matrix = false;
 }
 
 // Strides that leave gaps between elements (a narrow, a step): ordered

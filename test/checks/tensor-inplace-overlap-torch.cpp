@@ -148,3 +148,15 @@ void exportAdjacency(Graph &model) {
   auto other = model->adjacency();
   other.add_(model->adjacency().t());
 }
+
+// bernoulli draws a new tensor of self's sizes (ops.def): spreading a mask
+// one step along its own rows overlaps; from a copy it does not.
+Tensor spanMask(const Tensor &ids, double p) {
+  const auto L = ids.size(1);
+  auto masked = torch::bernoulli(torch::full(ids.sizes(), p)).to(torch::kBool);
+  masked.narrow(1, 1, L - 1).logical_or_(masked.narrow(1, 0, L - 1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: in-place 'logical_or_' reads a tensor that partially overlaps the one it writes (overlapping slices along dimension 1)
+  auto spread = torch::bernoulli(torch::full(ids.sizes(), p)).to(torch::kBool);
+  spread.narrow(1, 1, L - 1).logical_or_(spread.narrow(1, 0, L - 1).clone());
+  return masked | spread;
+}

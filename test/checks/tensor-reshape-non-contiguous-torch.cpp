@@ -387,3 +387,21 @@ torch::Tensor lmKeys(Lm &lm, const torch::Tensor &x) {
   return out.hidden.reshape({-1, out.hidden.size(-1)}) + out.logits.reshape({-1, 8});
   // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'reshape' silently copies the non-contiguous result of 'batch_first LSTM'
 }
+
+// Note [kept outer dim]: the size the code does not relate in `reshape({-1,
+// hidden})` is the tensor's own last, so the encoder's sequence-first output,
+// swapped back, is merged across its swapped dims at any rank above 2.
+struct TokenEncoderImpl : torch::nn::Module {
+  int64_t hidden = 16;
+  torch::nn::TransformerEncoder encoder{nullptr};
+  torch::Tensor forward(const torch::Tensor &h) {
+    auto out = encoder->forward(h.transpose(0, 1));
+    return out.transpose(0, 1).reshape({-1, hidden});
+    // CHECK-MESSAGES: :[[@LINE-1]]:32: warning: 'reshape' silently copies the non-contiguous result of 'transpose': the new shape cannot be a view unless the dimensions it merges have size 1 (assuming the result of 'encoder->forward(h.transpose(0, 1))' is contiguous, as nearly all tensors are, and has 3 or more dimensions: with fewer, the new shape is its own)
+  }
+};
+// t() takes a matrix, where the new shape is its own; three sizes are no
+// flattening: no claim.
+torch::Tensor keptOuterNegatives(const torch::Tensor &w, const torch::Tensor &x, int64_t d) {
+  return w.t().reshape({-1, d}).sum() + x.transpose(1, 2).reshape({x.size(0), -1, d}).sum();
+}

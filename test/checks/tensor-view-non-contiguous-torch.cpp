@@ -401,3 +401,10 @@ torch::Tensor laterSteps(const torch::Tensor &seq) {
   return later.view({-1, V}) + dense;
   // CHECK-MESSAGES: :[[@LINE-1]]:16: warning: 'view' on the non-contiguous result of 'narrow' throws at run time unless the dimensions it merges have size 1 (assuming 'seq' is contiguous, as nearly all tensors are)
 }
+
+// Note [kept outer dim]: the first size of `view({n, -1})` the code does not
+// relate is the tensor's own first; t() takes a matrix (no claim).
+torch::Tensor envMajor(const torch::Tensor &arr, const torch::Tensor &z, int64_t n) {
+  return arr.transpose(0, 1).view({n, -1}).sum() + z.t().view({n, -1}).sum();
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1 (assuming 'arr' is contiguous, as nearly all tensors are, and has 3 or more dimensions: with fewer, the new shape is its own)
+}
