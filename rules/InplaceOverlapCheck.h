@@ -15,7 +15,8 @@ public:
 
 private:
   void report(const CallExpr *Write, StringRef Op, const Expr *Source, const TensorFact &Out,
-              const OverlapQuery &Q, const ast_matchers::MatchFinder::MatchResult &Result);
+              const OverlapQuery &Q, const std::string &Dim,
+              const ast_matchers::MatchFinder::MatchResult &Result);
 };
 
 } // namespace clang::tidy::tensor

@@ -190,6 +190,7 @@ std::unique_ptr<LayoutAnalysis> AnalysisManager::makeLayout(const FunctionDecl *
     return R;
   });
   L->setDeviceVars(devicesAt(FD->getBody()));
+  LayoutClasses.Sites = &calls();
   L->setClassFacts(&LayoutClasses);
   L->setParamFacts(std::move(Params));
   InLayout.insert(FD);

@@ -33,9 +33,17 @@ public:
   /// Every call in the main file of a function or method with one of Names.
   std::vector<Site> named(llvm::ArrayRef<llvm::StringRef> Names) const;
 
+  /// Appends to Out every value the main file gives field F of any object
+  /// (`s.F = v`, `S{v, ...}`) when F's class is written there; false when F
+  /// may also change out of sight (bound to a non-const reference, its
+  /// address taken).
+  bool addFieldWrites(const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out) const;
+
 private:
   llvm::DenseMap<const FunctionDecl *, llvm::SmallVector<Site, 2>> Calls;
   llvm::DenseSet<const FunctionDecl *> Escaped;
+  llvm::DenseMap<const FieldDecl *, llvm::SmallVector<const Expr *, 2>> FieldValues;
+  llvm::DenseSet<const FieldDecl *> FieldsEscaped;
   friend class CallSiteIndexer;
 };
 

@@ -1,6 +1,7 @@
 #include "analysis/LayoutImpl.h"
 
 #include "analysis/AstHelpers.h"
+#include "analysis/CallSites.h"
 #include "analysis/Dataflow.h"
 #include "analysis/RnnModules.h"
 
@@ -1498,9 +1499,12 @@ static bool plainDefaultFactory(const CallExpr *Call, llvm::StringRef Name) {
   return Given == 1 && llvm::is_contained({"zeros", "ones", "empty", "rand", "randn"}, Name);
 }
 
-DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) const {
+DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) {
   DTypeName Found;
-  for (const Expr *V : valuesOfField(F)) {
+  llvm::SmallVector<const Expr *, 4> Values = valuesOfField(F);
+  if (classes().Sites && !classes().Sites->addFieldWrites(F, Values))
+    return {};
+  for (const Expr *V : Values) {
     const auto *Call = dyn_cast<CallExpr>(stripHandle(V));
     const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
     const sem::OpInfo *Op = FD && FD->getIdentifier() && isTensorApi(FD)

@@ -23,6 +23,8 @@
 
 namespace clang::tidy::tensor {
 
+class CallSites;
+
 class DeviceFacts;
 
 /// What is known about one tensor value.
@@ -187,6 +189,9 @@ struct DTypeName {
 /// (AnalysisManager owns it) rather than once per function.
 struct LayoutClassFacts {
   llvm::DenseMap<const FieldDecl *, layout::DTypeName> FieldDTypes;
+  /// The TU's call and field-write index, for the values code outside a
+  /// class gives its fields (none: the class's own code only).
+  const CallSites *Sites = nullptr;
 };
 
 /// What every call of a function in the main file passes for one of its

@@ -306,7 +306,7 @@ public:
   void assignTensor(const VarDecl *V, const Expr *Init, State &S);
   bool isAsserted(const Expr *E) const;
   layout::DTypeName fieldDType(const FieldDecl *F);
-  layout::DTypeName madeDType(const FieldDecl *F) const;
+  layout::DTypeName madeDType(const FieldDecl *F);
   const void *memberStorage(const MemberExpr *ME);
   const FieldDecl *thisMember(const Expr *E) const;
   std::optional<std::pair<const VarDecl *, const FieldDecl *>> localField(const Expr *E) const;

@@ -398,3 +398,32 @@ torch::Tensor toSignedRange(const torch::Tensor &samples) {
   // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'div_' on 'img' may also change 'samples': 'to' returns its input, not a copy, when it can [tensor-alias-then-mutate]
   return img;
 }
+
+// A public field of a plain struct has the dtype every value the file gives
+// it has, outside its class too (`shard.tokens = randint(..., kInt)` in the
+// caller): to(kLong) of it copies. A field bound to a non-const reference
+// may change out of sight: unknown, so reported.
+struct TokenShard {
+  torch::Tensor tokens;
+  int64_t cursor = 0;
+  torch::Tensor next(int64_t batch) {
+    auto ids = tokens.narrow(0, cursor, batch).to(torch::kLong);
+    ids.masked_fill_(ids.ge(1000), 1);
+    cursor += batch;
+    return ids;
+  }
+};
+struct LoadedShard {
+  torch::Tensor tokens;
+  torch::Tensor next(int64_t batch) {
+    auto ids = tokens.narrow(0, 0, batch).to(torch::kLong);
+    ids.masked_fill_(ids.ge(1000), 1);
+    // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'masked_fill_' on 'ids' may also change 'tokens': 'to' returns its input, not a copy, when it can [tensor-alias-then-mutate]
+    return ids;
+  }
+};
+void fillShards(TokenShard &shard, LoadedShard &loaded) {
+  shard.tokens = torch::randint(0, 1000, {64, 16}, torch::kInt);
+  loaded.tokens = torch::randint(0, 1000, {64, 16}, torch::kInt);
+  torch::load(loaded.tokens, "tokens.pt");
+}

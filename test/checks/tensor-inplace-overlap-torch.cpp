@@ -160,3 +160,26 @@ Tensor spanMask(const Tensor &ids, double p) {
   spread.narrow(1, 1, L - 1).logical_or_(spread.narrow(1, 0, L - 1).clone());
   return masked | spread;
 }
+
+// Note [shifted narrows]: two narrows of one tensor along the same dim, of
+// the same length, from starts closer than that length overlap whatever the
+// rank or the dim: `narrow(-1, ...)` and a `dim` parameter.
+void preEmphasis(Tensor &wav, double coef) {
+  const auto L = wav.size(-1);
+  wav.narrow(-1, 1, L - 1).sub_(wav.narrow(-1, 0, L - 1), coef);
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: warning: in-place 'sub_' reads a tensor that partially overlaps the one it writes (overlapping slices along dimension -1): PyTorch cannot detect it
+}
+void dilate(Tensor &active, int64_t dim) {
+  const auto n = active.size(dim);
+  active.narrow(dim, 1, n - 1).logical_or_(active.narrow(dim, 0, n - 1));
+  // CHECK-MESSAGES: :[[@LINE-1]]:32: warning: in-place 'logical_or_' reads a tensor that partially overlaps the one it writes (overlapping slices along dimension 'dim')
+}
+// Starts as far apart as the length, another tensor, another dim, a clone,
+// a start the code does not show: no claim.
+void shiftedNegatives(Tensor &a, Tensor &b, int64_t dim, int64_t n, int64_t hop) {
+  a.narrow(-1, 0, 3).copy_(a.narrow(-1, 3, 3));
+  a.narrow(dim, 1, n - 1).copy_(b.narrow(dim, 0, n - 1));
+  a.narrow(dim, 1, n - 1).copy_(a.narrow(0, 0, n - 1));
+  a.narrow(dim, 1, n - 1).copy_(a.narrow(dim, 0, n - 1).clone());
+  a.narrow(-1, 0, n).copy_(a.narrow(-1, hop, n));
+}
