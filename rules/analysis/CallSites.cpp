@@ -54,11 +54,18 @@ public:
       assigned(BO->getLHS(), BO->getRHS());
     return true;
   }
-  // `S{v, ...}`: each field its initialiser (the semantic form).
-  bool VisitInitListExpr(InitListExpr *ILE) {
-    const auto *RD = ILE->getType()->getAsCXXRecordDecl();
-    if (!RD || !ILE->isSemanticForm())
+  // `S{v, ...}`: each field its initialiser (the semantic form; the walk
+  // sees the syntactic one).
+  bool VisitInitListExpr(InitListExpr *Written) {
+    const InitListExpr *ILE = Written->isSemanticForm() ? Written : Written->getSemanticForm();
+    const auto *RD = ILE ? ILE->getType()->getAsCXXRecordDecl() : nullptr;
+    if (!RD)
       return true;
+    if (RD->getNumBases() || RD->isUnion()) { // initialisers not one per field in order
+      for (const FieldDecl *F : RD->fields())
+        Out.FieldsEscaped.insert(F);
+      return true;
+    }
     unsigned I = 0;
     for (const FieldDecl *F : RD->fields())
       if (I < ILE->getNumInits())

@@ -422,6 +422,33 @@ struct LoadedShard {
     return ids;
   }
 };
+// Brace initialisation gives the fields their values in order; with a base
+// class the initialisers are not one per field: unknown, so reported.
+struct PlainShard {
+  torch::Tensor tokens;
+  torch::Tensor next() {
+    auto ids = tokens.to(torch::kLong);
+    ids.add_(1);
+    return ids;
+  }
+};
+struct IdsBase {
+  int64_t offset = 0;
+};
+struct ShardOfBase : IdsBase {
+  torch::Tensor tokens;
+  torch::Tensor next() {
+    auto ids = tokens.to(torch::kLong);
+    ids.add_(1);
+    // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: in-place 'add_' on 'ids' may also change 'tokens': 'to' returns its input, not a copy, when it can [tensor-alias-then-mutate]
+    return ids;
+  }
+};
+torch::Tensor braced(int64_t n) {
+  PlainShard plain{torch::randint(0, 1000, {n, 4}, torch::kInt)};
+  ShardOfBase based{{}, torch::randint(0, 1000, {n, 4}, torch::kInt)};
+  return plain.next() + based.next();
+}
 void fillShards(TokenShard &shard, LoadedShard &loaded) {
   shard.tokens = torch::randint(0, 1000, {64, 16}, torch::kInt);
   loaded.tokens = torch::randint(0, 1000, {64, 16}, torch::kInt);
