@@ -2,6 +2,7 @@
 
 #include "analysis/AstHelpers.h"
 #include "analysis/LayoutCheckSupport.h"
+#include "analysis/LayoutImpl.h"
 
 #include "clang/AST/ExprCXX.h"
 #include "clang/ASTMatchers/ASTMatchFinder.h"
@@ -41,13 +42,6 @@ std::optional<Narrow> narrowOf(const Expr *E) {
   return Narrow{Base, MC->getArg(0), MC->getArg(1), MC->getArg(2)};
 }
 
-std::optional<std::int64_t> intOf(const Expr *E, const ASTContext &Ctx) {
-  Expr::EvalResult R;
-  if (E->isValueDependent() || !E->EvaluateAsInt(R, Ctx))
-    return std::nullopt;
-  return R.Val.getInt().getExtValue();
-}
-
 bool sameExpr(const Expr *A, const Expr *B, const ASTContext &Ctx) {
   llvm::FoldingSetNodeID IA, IB;
   A->IgnoreParenImpCasts()->Profile(IA, Ctx, true);
@@ -67,11 +61,12 @@ static std::optional<std::string> shiftedNarrows(const Expr *Target, const Expr 
   if (!W || !R || W->Base != R->Base || !sameExpr(W->Dim, R->Dim, Ctx) ||
       !sameExpr(W->Len, R->Len, Ctx))
     return std::nullopt;
-  std::optional<std::int64_t> A = intOf(W->Start, Ctx), B = intOf(R->Start, Ctx),
-                              Len = intOf(W->Len, Ctx);
+  std::optional<std::int64_t> A = layout::constInt(W->Start, Ctx),
+                              B = layout::constInt(R->Start, Ctx),
+                              Len = layout::constInt(W->Len, Ctx);
   if (!A || !B || *A == *B || (Len && std::abs(*A - *B) >= *Len))
     return std::nullopt;
-  if (std::optional<std::int64_t> D = intOf(W->Dim, Ctx))
+  if (std::optional<std::int64_t> D = layout::constInt(W->Dim, Ctx))
     return std::to_string(*D);
   return "'" +
          Lexer::getSourceText(CharSourceRange::getTokenRange(W->Dim->getSourceRange()),
