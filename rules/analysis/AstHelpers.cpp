@@ -529,11 +529,10 @@ static void assignedValues(const Stmt *S, const FieldDecl *F,
                            llvm::SmallVectorImpl<const Expr *> &Out) {
   if (!S)
     return;
-  if (const auto *OC = dyn_cast<CXXOperatorCallExpr>(S))
-    if (OC->getOperator() == OO_Equal && OC->getNumArgs() == 2)
-      if (const auto *ME = dyn_cast<MemberExpr>(OC->getArg(0)->IgnoreParenImpCasts());
-          ME && ME->getMemberDecl() == F)
-        Out.push_back(OC->getArg(1));
+  auto [L, R] = assignmentSides(S);
+  if (const auto *ME = L ? dyn_cast<MemberExpr>(stripHandle(L)) : nullptr;
+      ME && ME->getMemberDecl() == F)
+    Out.push_back(R);
   for (const Stmt *Child : S->children())
     assignedValues(Child, F, Out);
 }

@@ -60,9 +60,9 @@ bool isResultElement(const MemberExpr *ME, const TensorModel &Model) {
   return Model.isTensorStructField(Field);
 }
 
-// Every value its class gives the device field F: the default member
-// initialiser, each user-written constructor's initialiser (neither: F is
-// unknown), each assignment in a method. Code outside the class is taken not
+// Every value its class gives the device field F (valuesOfField), when each
+// user-written constructor gives it one (directly or by the default member
+// initialiser): otherwise F is unknown. Code outside the class is taken not
 // to set it, so F must be private or protected, or its class must set it in a
 // constructor: a public field of a plain config struct is set by the code
 // that fills the config.
@@ -71,34 +71,15 @@ bool fieldValues(const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out) {
   if (!RD || !RD->hasDefinition() ||
       (F->getAccess() == AS_public && !RD->hasUserDeclaredConstructor()))
     return false;
-  for (const CXXConstructorDecl *C : RD->ctors()) {
-    if (C->isImplicit() || C->isCopyOrMoveConstructor())
-      continue;
-    const Expr *Init = F->getInClassInitializer();
-    for (const CXXCtorInitializer *I : C->inits())
-      if (I->getMember() == F && I->isWritten())
-        Init = I->getInit();
-    if (!Init)
-      return false;
-    Out.push_back(Init);
-  }
-  if (const Expr *Init = F->getInClassInitializer())
-    Out.push_back(Init);
-  llvm::SmallVector<const Stmt *, 64> Work;
-  for (const CXXMethodDecl *M : RD->methods())
-    if (const FunctionDecl *Def = M->getDefinition(); Def && !isa<CXXConstructorDecl>(M))
-      Work.push_back(Def->getBody());
-  while (!Work.empty()) {
-    const Stmt *S = Work.pop_back_val();
-    if (!S)
-      continue;
-    auto [L, R] = assignmentSides(S);
-    if (const auto *ME = L ? dyn_cast<MemberExpr>(stripHandle(L)) : nullptr;
-        ME && ME->getMemberDecl() == F)
-      Out.push_back(R);
-    for (const Stmt *C : S->children())
-      Work.push_back(C);
-  }
+  auto Initialises = [F](const CXXConstructorDecl *C) {
+    return C->isImplicit() || C->isCopyOrMoveConstructor() || F->getInClassInitializer() ||
+           llvm::any_of(C->inits(), [F](const CXXCtorInitializer *I) {
+             return I->getMember() == F && I->isWritten();
+           });
+  };
+  if (!llvm::all_of(RD->ctors(), Initialises))
+    return false;
+  Out.append(valuesOfField(F));
   return !Out.empty();
 }
 

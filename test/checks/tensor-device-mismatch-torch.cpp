@@ -359,6 +359,18 @@ public:
   }
   torch::Device device_;
 };
+// The constructor's body overrides the default member initialiser: both
+// count, so the device is unknown (not the initialiser's kCPU).
+class BodySetDevice {
+public:
+  BodySetDevice() { device_ = torch::Device(torch::kCUDA); }
+  torch::Tensor shift(int64_t n) {
+    return torch::zeros({n, 4}, device_) + torch::ones({n, 4}, torch::kCUDA);
+  }
+
+private:
+  torch::Device device_ = torch::kCPU;
+};
 torch::Tensor collected(torch::nn::Linear &net, const torch::Tensor &x, int64_t n) {
   std::vector<torch::Tensor> parts;
   parts.push_back(net->forward(x.cuda()));
