@@ -8,6 +8,7 @@
 
 #include "clang/AST/ExprCXX.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 using namespace clang::ast_matchers;
 
@@ -91,6 +92,10 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
     Writes.insert(W.Write);
   for (const WriteEvent &W : R->Writes) {
     if (!W.RootDecl || (W.Target && Writes.contains(stripHandle(W.Target))))
+      continue;
+    // The callee writes only a copy of the handle it is given: its own
+    // finding, where the copy is made, is the one to mend.
+    if (W.Via && W.ViaCopyOnly)
       continue;
     // The layout lookup last: only for a write about to be reported.
     if (const AffectedHandle *A = pick(W, AnalysisManager::get(Model, Ctx), FD);

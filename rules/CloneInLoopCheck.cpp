@@ -195,7 +195,8 @@ CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel 
   C.Loop = LoopAnalysis::loopRunning(Call, Ctx);
   AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
   C.LA = C.Loop ? AM.loopsAt(C.Loop) : nullptr;
-  if (!C.LA || !C.LA->isInvariant(Src, C.Loop) ||
+  if (!C.LA || LoopAnalysis::firstIterationOnly(Call, C.Loop, Ctx) ||
+      !C.LA->isInvariant(Src, C.Loop) ||
       !llvm::all_of(Call->arguments(), [&](const Expr *A) { return C.LA->isInvariant(A, C.Loop); }))
     return std::nullopt;
   C.Lay = AM.layoutAt(Call);

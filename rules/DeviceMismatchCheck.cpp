@@ -226,10 +226,13 @@ DeviceMismatchCheck::Sides DeviceMismatchCheck::sidesOf(llvm::ArrayRef<const Exp
     bool Scalar = F->Sizes ? F->Sizes->empty() : !F->HasDims; // may be a 0-dim CPU tensor
     // A module's unregistered member stays behind when the module moves.
     bool LeftBehind = Devices && Devices->hostMember(E);
-    if (known(*F, TensorFact::CPU) || LeftBehind) {
+    // A plain class's field its class makes on the host, with dimensions.
+    bool HostField = !LeftBehind && Devices && Devices->hostField(E);
+    if (known(*F, TensorFact::CPU) || LeftBehind || HostField) {
       // Not when the device facts put it on CUDA: the value of an op that
       // throws (reported there) or a fact one analysis cannot see.
-      if (!S.Cpu && (!Scalar || LeftBehind || rejectsCpuScalars(Op)) && !onCuda(E, Devices)) {
+      if (!S.Cpu && (!Scalar || LeftBehind || HostField || rejectsCpuScalars(Op)) &&
+          !onCuda(E, Devices)) {
         S.Cpu = E;
         S.LeftBehind = LeftBehind;
       }

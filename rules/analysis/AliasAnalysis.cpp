@@ -292,7 +292,7 @@ private:
   void recordAt(const Stmt *St, const State &S, unsigned Block, unsigned Index,
                 FunctionAliasResult &Result, FunctionSummary &Summary);
   void summarise(FunctionSummary &Summary);
-  void recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via, const State &S,
+  bool recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via, const State &S,
                    unsigned Block, unsigned Index, FunctionAliasResult &R, FunctionSummary &Sum);
   // A node reached from the written one: whether the path crossed an alias
   // (A) or a detach (D), and the first such edge (FA, FD).
@@ -803,8 +803,10 @@ void FunctionAnalyzer::walkDerivations(unsigned Start, FunctionSummary &Sum,
   while (!Work.empty()) {
     Reach I = Work.front();
     Work.pop_front();
-    if (Nodes[I.N].ParamIndex >= 0)
-      Sum.MutatesParam[Nodes[I.N].ParamIndex] = true;
+    if (int P = Nodes[I.N].ParamIndex; P >= 0) {
+      Sum.MutatesParam[P] = true;
+      Sum.WritesParamItself[P] = Sum.WritesParamItself[P] || !I.A;
+    }
     if (I.A || I.D)
       Reached.push_back(I);
     for (const AliasEdge &E : Nodes[I.N].Parents)
@@ -898,7 +900,7 @@ void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned B
   }
 }
 
-void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via,
+bool FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via,
                                    const State &S, unsigned Block, unsigned Index,
                                    FunctionAliasResult &R, FunctionSummary &Sum) {
   WriteEvent W;
@@ -908,15 +910,16 @@ void FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const 
   findRoot(W);
   NodeSet Start = valueNodes(Target, S);
   if (Start.size() != 1)
-    return;
+    return false;
   buildChildren();
   std::vector<uint8_t> Seen;
   std::vector<Reach> Reached;
   walkDerivations(Start[0], Sum, Seen, Reached);
   if (Reached.empty())
-    return;
+    return false;
   collectAffected(W, S, Block, Index, Seen, Reached);
   R.Writes.push_back(std::move(W));
+  return true;
 }
 
 bool FunctionAnalyzer::run(FunctionAliasResult &Result, FunctionSummary &Summary) {
@@ -933,6 +936,7 @@ bool FunctionAnalyzer::run(FunctionAliasResult &Result, FunctionSummary &Summary
   if (!Cfg || Cfg->getNumBlockIDs() > MaxBlocks)
     return false;
   Summary.MutatesParam.assign(FD->getNumParams(), false);
+  Summary.WritesParamItself.assign(FD->getNumParams(), false);
   ForwardDataflow<FunctionAnalyzer> Flow(*Cfg, *this);
   DataflowLimits Limits;
   Limits.MaxVisitsPerBlock = ~0u; // node sets only grow: no widening needed
@@ -970,8 +974,9 @@ void FunctionAnalyzer::recordAt(const Stmt *St, const State &S, unsigned Block, 
     } else if (const FunctionSummary *Sum = calleeSummary(E)) {
       llvm::ArrayRef<const Expr *> Args = callArgs(E);
       for (unsigned A = 0; A < Args.size() && A < Sum->MutatesParam.size(); ++A)
-        if (Sum->MutatesParam[A] && M.isTensorExpr(Args[A]))
-          recordWrite(E, Args[A], E->getDirectCallee(), S, Block, Index, Result, Summary);
+        if (Sum->MutatesParam[A] && M.isTensorExpr(Args[A]) &&
+            recordWrite(E, Args[A], E->getDirectCallee(), S, Block, Index, Result, Summary))
+          Result.Writes.back().ViaCopyOnly = !Sum->WritesParamItself[A];
     }
   } else if (const auto *RS = dyn_cast<ReturnStmt>(St)) {
     if (RS->getRetValue() && M.isTensorExpr(RS->getRetValue()))

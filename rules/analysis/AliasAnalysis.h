@@ -71,11 +71,15 @@ struct WriteEvent {
   const ValueDecl *RootDecl = nullptr; // the handle Root names, if any
   bool Direct = false;                 // Target names the handle itself (`b.add_(1)`, `b -= m`)
   const FunctionDecl *Via = nullptr;   // set when the write happens inside this callee
+  bool ViaCopyOnly = false; // Via writes the argument only through a handle it copies
   std::vector<AffectedHandle> Affected;
 };
 
 struct FunctionSummary {
   llvm::SmallVector<bool, 4> MutatesParam;
+  /// A write reaches the parameter itself or a view of it, not only a copy
+  /// of its handle (`auto y = x.to(kFloat); y.sub_(m)`: the callee's own finding).
+  llvm::SmallVector<bool, 4> WritesParamItself;
   int ReturnsParam = -1; // index of the parameter every return aliases, or -1
   EdgeKind ReturnKind = EdgeKind::Copy;
 };

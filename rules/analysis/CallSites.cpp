@@ -80,6 +80,11 @@ public:
       escapes(UO->getSubExpr());
     return true;
   }
+  bool VisitReturnStmt(ReturnStmt *R) { // `Tensor &weights() { return w_; }`
+    if (Caller && R->getRetValue() && isMutableRef(Caller->getReturnType()))
+      escapes(R->getRetValue());
+    return true;
+  }
   bool VisitVarDecl(VarDecl *V) {
     if (isMutableRef(V->getType()) && V->getInit())
       escapes(V->getInit());

@@ -137,18 +137,6 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
     return DeviceKnown::Unknown;
   if (!IsDevice && V->isLocalVarDecl() && Model.isTensorVectorType(V->getType()))
     return ofTensorVector(V, Depth);
-  const VarKey Key{V, IsDevice};
-  if (auto It = Known.find(Key); It != Known.end())
-    return It->second;
-  // A variable whose value depends on itself (`x = model(x)`, `h = h + d`):
-  // its initial value, as a hypothesis checked when every value is known.
-  if (!InProgress.insert(Key).second) {
-    auto H = Hypothesis.find(Key);
-    Cut.Hyps.insert(Key);
-    Cut.Hard |= H == Hypothesis.end();
-    return H == Hypothesis.end() ? DeviceKnown::Unknown : H->second;
-  }
-  const CutState Outer = std::exchange(Cut, CutState());
   auto Of = [&](const Expr *E) {
     return IsDevice ? deviceNamed(E, Depth + 1) : deviceOf(E, Depth + 1);
   };
@@ -157,23 +145,82 @@ DeviceKnown DeviceFacts::ofVar(const VarDecl *V, bool IsDevice, unsigned Depth) 
   auto It = Assigned.find(V);
   bool Undefined = !IsDevice && isDefaultConstructed(V->getInit()) &&
                    Model.isTensorType(V->getType()) && It != Assigned.end() && !It->second.empty();
-  DeviceKnown D = P           ? ofParam(P, IsDevice, Depth)
-                  : Undefined ? Of(It->second.front())
-                              : Of(V->getInit());
+  auto Start = [&] {
+    return P ? ofParam(P, IsDevice, Depth) : Undefined ? Of(It->second.front()) : Of(V->getInit());
+  };
+  llvm::ArrayRef<const Expr *> Rest;
+  if (It != Assigned.end())
+    Rest = It->second;
+  return solve(VarKey{V, IsDevice}, Start, Rest, Of);
+}
+
+DeviceKnown DeviceFacts::solve(VarKey Key, llvm::function_ref<DeviceKnown()> Start,
+                               llvm::ArrayRef<const Expr *> Rest,
+                               llvm::function_ref<DeviceKnown(const Expr *)> Of) {
+  if (auto It = Known.find(Key); It != Known.end())
+    return It->second;
+  // A value that depends on itself (`x = model(x)`, `h = h + d`): its
+  // initial value, as a hypothesis checked when every value is known.
+  if (!InProgress.insert(Key).second) {
+    auto H = Hypothesis.find(Key);
+    Cut.Hyps.insert(Key);
+    Cut.Hard |= H == Hypothesis.end();
+    return H == Hypothesis.end() ? DeviceKnown::Unknown : H->second;
+  }
+  const CutState Outer = std::exchange(Cut, CutState());
+  DeviceKnown D = Start();
   if (onCUDA(D))
     Hypothesis[Key] = D;
-  if (It != Assigned.end())
-    for (const Expr *R : It->second)
-      D = meetDevices(D, Of(R));
+  for (const Expr *R : Rest)
+    D = meetDevices(D, Of(R));
   // D is the hypothesis (confirmed) or weaker (a sound answer either way).
   Hypothesis.erase(Key);
   InProgress.erase(Key);
   Cut.Hyps.erase(Key);
-  if (!Cut.Hard && Cut.Hyps.empty()) // else not V's own answer: a bound, or another's hypothesis
+  if (!Cut.Hard && Cut.Hyps.empty()) // else not Key's own answer: a bound, or another's hypothesis
     Known[Key] = D;
   Cut.Hard |= Outer.Hard;
   Cut.Hyps.insert(Outer.Hyps.begin(), Outer.Hyps.end());
   return D;
+}
+
+// Note [own tensor field]
+// A tensor field of a plain class (not a module: a module's move carries
+// its registered members, Note [module device]), private or protected, is
+// given values by its class's code alone: the default member initialiser,
+// the constructors' initialisers, assignments in its methods (valuesOfField).
+// Its device is the meet of theirs, a value read from the field itself
+// (`p_ = torch::where(m, r, p_)`) resting on the others as a hypothesis, as
+// a variable's does. It needs the whole class in view: written in the main
+// file, every method defined there, and the field never bound to a
+// non-const reference (`torch::load(w_, path)`, an accessor returning
+// `Tensor &`) or its address taken.
+DeviceKnown DeviceFacts::ofOwnField(const FieldDecl *F, unsigned Depth) {
+  llvm::SmallVector<const Expr *, 4> Values;
+  if (!wholeClassGives(F, Values))
+    return DeviceKnown::Unknown;
+  auto Of = [&](const Expr *E) { return deviceOf(E, Depth + 1); };
+  auto Start = [&] { return Of(Values.front()); };
+  return solve(VarKey{F, 0}, Start, llvm::ArrayRef(Values).drop_front(), Of);
+}
+
+bool DeviceFacts::wholeClassGives(const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out) {
+  const auto *RD = dyn_cast<CXXRecordDecl>(F->getParent());
+  const SourceManager &SM = Ctx.getSourceManager();
+  if (!RD || !RD->hasDefinition() || isModuleRecord(RD) || F->getAccess() == AS_public ||
+      !SM.isWrittenInMainFile(SM.getFileLoc(RD->getLocation())))
+    return false;
+  if (llvm::any_of(RD->methods(), [](const CXXMethodDecl *M) {
+        return !M->isImplicit() && !M->isDefaulted() && !M->isDeleted() && !M->isPureVirtual() &&
+               !M->getDefinition();
+      }))
+    return false;
+  llvm::SmallVector<const Expr *, 4> Writes; // the class's assignments (a friend's too)
+  if (!AnalysisManager::get(Model, Ctx).calls().addFieldWrites(F, Writes))
+    return false;
+  Out.append(valuesOfField(F)); // the initialisers first: the hypothesis
+  Out.append(Writes);
+  return !Out.empty();
 }
 
 // Note [reaching assignment]
@@ -623,11 +670,26 @@ bool DeviceFacts::madeOnHost(const FieldDecl *F) {
   AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
   if (!isModuleRecord(RD) || movesWithModule(F) || AM.moduleFieldTouchedOutside(F))
     return false;
-  llvm::SmallVector<const Expr *, 4> Values = valuesOfField(F);
+  return allMadeOnHost(valuesOfField(F));
+}
+
+bool DeviceFacts::hostField(const Expr *E) {
+  const auto *F = E ? dyn_cast_or_null<FieldDecl>(ownMember(stripHandle(E))) : nullptr;
+  if (!F || !Model.isTensorType(F->getType()))
+    return false;
+  auto [It, New] = HostFields.try_emplace(F, false);
+  llvm::SmallVector<const Expr *, 4> Values;
+  if (New && wholeClassGives(F, Values))
+    It->second = allMadeOnHost(Values);
+  return It->second;
+}
+
+bool DeviceFacts::allMadeOnHost(llvm::ArrayRef<const Expr *> Values) {
+  AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
   return !Values.empty() && llvm::all_of(Values, [&](const Expr *V) {
     const CallExpr *Root = factoryRoot(V, Model);
     DeviceFacts *D = Root && madeWithDims(Root) ? AM.devicesAt(V) : nullptr;
-      return D && D->deviceOf(V) == DeviceKnown::NotCUDA;
+    return D && D->deviceOf(V) == DeviceKnown::NotCUDA;
   });
 }
 
@@ -749,11 +811,12 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
   if (const auto *ME = dyn_cast<MemberExpr>(E); ME && Model.isTensorExpr(ME))
     if (const FieldDecl *F = rootModuleMember(ME->getBase()); F && onCUDA(ofModuleMember(F, Depth)))
       return ofModuleMember(F, Depth);
-  // `W_` in a module's method: a registered parameter or buffer.
+  // `W_` in a module's method: a registered parameter or buffer; in a plain
+  // class's, what the class gives it (Note [own tensor field]).
   if (const auto *F = dyn_cast_or_null<FieldDecl>(ownMember(E));
-      F && Model.isTensorType(F->getType()) &&
-      isModuleRecord(dyn_cast<CXXRecordDecl>(F->getParent())))
-    return ofModuleMember(F, Depth);
+      F && Model.isTensorType(F->getType()))
+    return isModuleRecord(dyn_cast<CXXRecordDecl>(F->getParent())) ? ofModuleMember(F, Depth)
+                                                                   : ofOwnField(F, Depth);
   if (const auto *C = dyn_cast<CallExpr>(E))
     return ofCall(C, Depth);
   return DeviceKnown::Unknown;

@@ -43,6 +43,10 @@ public:
   /// the host: never registered, every value made on the CPU with at least
   /// one dimension (Note [module device]); memoised.
   bool hostMember(const Expr *E);
+  /// E is a private tensor field of a plain class every value of which its
+  /// class makes on the CPU with at least one dimension (Note [own tensor
+  /// field]); memoised.
+  bool hostField(const Expr *E);
   /// The device of the parameters of the module E names when it is a member
   /// of `this` moved to CUDA (`fc`, `model_->fc` of a class its holders move,
   /// Note [module device]); Unknown otherwise.
@@ -52,7 +56,21 @@ public:
 
 private:
   bool madeOnHost(const FieldDecl *F);
+  /// Each of Values is a factory's tensor with dimensions, on the CPU.
+  bool allMadeOnHost(llvm::ArrayRef<const Expr *> Values);
   DeviceKnown ofVar(const VarDecl *V, bool IsDevice, unsigned Depth);
+  using VarKey = std::pair<const ValueDecl *, unsigned>;
+  /// The meet of Start() and Of over Rest, memoised under Key; a value that
+  /// reads Key itself sees Start()'s device as a hypothesis, confirmed or
+  /// weakened by the meet.
+  DeviceKnown solve(VarKey Key, llvm::function_ref<DeviceKnown()> Start,
+                    llvm::ArrayRef<const Expr *> Rest,
+                    llvm::function_ref<DeviceKnown(const Expr *)> Of);
+  /// A private tensor field of a plain class read in its methods: the meet
+  /// of every value the class gives it (Note [own tensor field]).
+  DeviceKnown ofOwnField(const FieldDecl *F, unsigned Depth);
+  /// Appends every value F gets when its whole class is in view; false otherwise.
+  bool wholeClassGives(const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out);
   /// The value V holds at Use when one assignment (or the declaration)
   /// certainly gives it: see Note [reaching assignment]; else null.
   const Expr *reachingValue(const DeclRefExpr *Use, const VarDecl *V) const;
@@ -112,7 +130,7 @@ private:
   llvm::DenseSet<std::pair<const VarDecl *, const FieldDecl *>> DeadInitField;
   /// ofVar's answers (a variable, as a device or a tensor), the ones in
   /// progress, and the hypotheses of those (their initial value, when CUDA).
-  using VarKey = std::pair<const VarDecl *, unsigned>;
+  /// (keyed by a plain class's tensor field too: ofOwnField)
   llvm::DenseMap<VarKey, DeviceKnown> Known, Hypothesis;
   llvm::DenseSet<VarKey> InProgress;
   /// What the answer being computed rests on: the hop bound or a cycle
@@ -128,6 +146,7 @@ private:
   llvm::DenseMap<const FunctionDecl *, bool> HostMovers;
   llvm::DenseMap<const FieldDecl *, DeviceKnown> ModuleMembers;
   llvm::DenseMap<const FieldDecl *, bool> HostMembers; // hostMember's answers
+  llvm::DenseMap<const FieldDecl *, bool> HostFields;  // hostField's answers
 };
 
 } // namespace clang::tidy::tensor

@@ -507,6 +507,13 @@ TensorFact LayoutAnalysis::Impl::evalOperator(const CXXOperatorCallExpr *OC, Sta
   case OO_Call:
     if (isModuleCall(OC) && OC->getNumArgs() >= 2)
       return moduleResult(OC, holderForward(OC), OC->getArg(1), S);
+    // A lambda of the TU (`auto heads = [&](const Tensor &t) { return
+    // t.view({B, -1, H, D}).transpose(1, 2); }`): what its body returns, as
+    // for a function.
+    if (const auto *MD = dyn_cast_or_null<CXXMethodDecl>(OC->getDirectCallee());
+        MD && MD->getParent()->isLambda())
+      if (std::optional<TensorFact> R = calleeResult(OC, MD, S))
+        return onArgsDevice(*R, OC, S);
     [[fallthrough]];
   default:
     if (Name.empty())
@@ -1511,7 +1518,7 @@ DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) {
                                 ? sem::lookup(Model.rowName(Call, FD->getName()))
                                 : nullptr;
     DTypeName DT = Op && Op->storage == sem::Storage::Factory && Op->layout != sem::Layout::Same
-                       ? dtypeIn(Call)
+                       ? factoryDType(Call)
                        : DTypeName();
     if (Op && !DT.Size && plainDefaultFactory(Call, Op->name))
       DT = {"Float", 4}; // `obs_(torch::zeros({cap, dim}))`, as factory() takes a local's
@@ -1520,6 +1527,20 @@ DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) {
     Found = DT;
   }
   return Found;
+}
+
+DTypeName LayoutAnalysis::Impl::factoryDType(const CallExpr *Call) {
+  if (DTypeName D = dtypeIn(Call); D.Size)
+    return D;
+  for (const Expr *A : Call->arguments()) {
+    const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(A));
+    const auto *V = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+    if (!V || !isTensorOptionsType(V->getType()))
+      continue;
+    if (const Expr *Init = Locals.initializerOf(V))
+      return dtypeIn(Init);
+  }
+  return {};
 }
 
 // Facts an assertion establishes: the dtype of `x.scalar_type() == kX`,

@@ -21,6 +21,8 @@ std::optional<std::int64_t> constInt(const Expr *E, const ASTContext &Ctx);
 DTypeName dtypeNamed(llvm::StringRef N);
 DTypeName dtypeIn(const Stmt *S);
 DTypeName dtypeInArgs(llvm::ArrayRef<const Expr *> Args);
+/// A TensorOptions (c10's, or the runtime's), by value or reference.
+bool isTensorOptionsType(QualType T);
 /// How a device argument names its device: as a run-time value (it may be
 /// the CPU), and whether that value is CUDA whenever the machine has one.
 struct DeviceOrigin {
@@ -307,6 +309,9 @@ public:
   bool isAsserted(const Expr *E) const;
   layout::DTypeName fieldDType(const FieldDecl *F);
   layout::DTypeName madeDType(const FieldDecl *F);
+  /// The dtype a factory call names, in its arguments or in the initializer
+  /// of a local TensorOptions it is given that is never assigned again.
+  layout::DTypeName factoryDType(const CallExpr *Call);
   const void *memberStorage(const MemberExpr *ME);
   const FieldDecl *thisMember(const Expr *E) const;
   std::optional<std::pair<const VarDecl *, const FieldDecl *>> localField(const Expr *E) const;

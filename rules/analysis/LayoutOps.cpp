@@ -127,8 +127,7 @@ static bool isFloatingDType(llvm::StringRef N) {
 // Factories
 //===----------------------------------------------------------------------===//
 
-// A TensorOptions (c10's, or the runtime's), by value or reference.
-static bool isTensorOptionsType(QualType T) {
+bool layout::isTensorOptionsType(QualType T) {
   const auto *RD = T.getNonReferenceType()->getAsCXXRecordDecl();
   return RD && RD->getIdentifier() && RD->getName() == "TensorOptions";
 }

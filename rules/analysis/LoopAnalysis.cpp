@@ -441,6 +441,38 @@ bool LoopAnalysis::inClosure(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
   return enclosingFunction(S, Ctx) != enclosingFunction(Loop, Ctx);
 }
 
+// `V == c` (or `c == V`) with V the for-loop's counter declared `V = c`.
+static bool testsInitialCounter(const Expr *Cond, const ForStmt *For) {
+  const auto *DS = dyn_cast_or_null<DeclStmt>(For->getInit());
+  const auto *V = DS && DS->isSingleDecl() ? dyn_cast<VarDecl>(DS->getSingleDecl()) : nullptr;
+  const auto *BO = dyn_cast_or_null<BinaryOperator>(Cond ? Cond->IgnoreParenImpCasts() : nullptr);
+  if (!V || !V->getInit() || !BO || BO->getOpcode() != BO_EQ)
+    return false;
+  const ASTContext &Ctx = V->getASTContext();
+  std::optional<llvm::APSInt> Init = V->getInit()->getIntegerConstantExpr(Ctx);
+  auto Side = [&](const Expr *A, const Expr *B) {
+    std::optional<llvm::APSInt> C = B->getIntegerConstantExpr(Ctx);
+    return varOf(A) == V && Init && C && llvm::APSInt::isSameValue(*Init, *C);
+  };
+  return Side(BO->getLHS(), BO->getRHS()) || Side(BO->getRHS(), BO->getLHS());
+}
+
+bool LoopAnalysis::firstIterationOnly(const Stmt *S, const Stmt *Loop, ASTContext &Ctx) {
+  const auto *For = dyn_cast<ForStmt>(Loop);
+  for (const Stmt *Cur = S; For && Cur && Cur != Loop;) {
+    DynTypedNodeList Ps = Ctx.getParents(*Cur);
+    const Stmt *P = Ps.empty() ? nullptr : Ps[0].get<Stmt>();
+    if (const auto *CO = dyn_cast_or_null<ConditionalOperator>(P);
+        CO && CO->getTrueExpr() == Cur && testsInitialCounter(CO->getCond(), For))
+      return true;
+    if (const auto *If = dyn_cast_or_null<IfStmt>(P);
+        If && If->getThen() == Cur && testsInitialCounter(If->getCond(), For))
+      return true;
+    Cur = P;
+  }
+  return false;
+}
+
 const Stmt *LoopAnalysis::loopRunning(const Stmt *S, ASTContext &Ctx) {
   if (const Stmt *Loop = innermostLoop(S, Ctx))
     return Loop;

@@ -37,6 +37,11 @@ public:
   /// S is in a closure that Loop (from loopRunning(S)) runs, not in Loop's own function.
   static bool inClosure(const Stmt *S, const Stmt *Loop, ASTContext &Ctx);
 
+  /// S runs on Loop's first iteration only: a branch taken when the loop's
+  /// counter still holds its initial value (`for (int r = 0; ...)` with S in
+  /// `r == 0 ? S : ...` or `if (r == 0) S`).
+  static bool firstIterationOnly(const Stmt *S, const Stmt *Loop, ASTContext &Ctx);
+
   /// E has the same value on every iteration of Loop.
   bool isInvariant(const Expr *E, const Stmt *Loop, unsigned Depth = 0);
 

@@ -454,3 +454,27 @@ void fillShards(TokenShard &shard, LoadedShard &loaded) {
   loaded.tokens = torch::randint(0, 1000, {64, 16}, torch::kInt);
   torch::load(loaded.tokens, "tokens.pt");
 }
+
+// A helper that writes only a copy of the handle it is given: one finding,
+// in the helper, where the copy is made; its calls are not reported again.
+// A helper that writes its argument itself is reported at the call.
+struct Normalizer {
+  torch::Tensor mean, var;
+  torch::Tensor normalize(const torch::Tensor &x) const {
+    auto y = x.to(torch::kFloat32);
+    // CHECK-FIXES: {{^}}    auto y = x.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);{{$}}
+    y.sub_(mean).div_(var);
+    // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: in-place 'sub_' on 'y' may also change 'x': 'to' returns its input
+    return y;
+  }
+};
+void scaleInPlace(torch::Tensor x) { x.mul_(2); }
+float normalizedTwice(const Normalizer &n, const torch::Tensor &obs) {
+  auto a = n.normalize(obs);
+  auto b = n.normalize(obs);
+  auto c = obs;
+  // CHECK-FIXES: {{^}}  auto c = obs.clone();{{$}}
+  scaleInPlace(c);
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: call to 'scaleInPlace', which writes its argument in place, on 'c' also changes
+  return (a - b + obs).sum().item<float>();
+}

@@ -490,3 +490,21 @@ double fitLoop(torch::Device device, int n, const torch::Tensor &data) {
   }
   return total;
 }
+
+// A copy made only on the first iteration (the counter still at its start)
+// is made once; on every other iteration it is still reported.
+torch::Tensor firstRoundOnly(const torch::Tensor &boxes, const torch::Tensor &x, int64_t rounds,
+                             torch::Device device) {
+  torch::Tensor prompt, out = x;
+  for (int64_t r = 0; r < rounds; ++r) {
+    prompt = r == 0 ? boxes.to(device) : out.detach();
+    if (0 == r) {
+      out = out + boxes.to(device);
+    }
+    out = out + prompt;
+    if (r == 1)
+      out = out * boxes.to(device);
+    // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: 'to' of loop-invariant 'boxes' copies it to another device again on every iteration
+  }
+  return out;
+}

@@ -391,3 +391,23 @@ void storeHistory(const std::vector<int64_t> &tail, const std::vector<double> &r
   auto returns = torch::zeros({16});
   returns.narrow(0, 0, 4).copy_(torch::tensor(rewards));
 }
+
+// A member made in the constructor from a local TensorOptions naming its
+// dtype has that dtype; options taken from a tensor name none (unknown).
+class RewardBuffer {
+public:
+  RewardBuffer(int64_t capacity, torch::Device device, const torch::Tensor &like) {
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    rewards_ = torch::empty({capacity, 1}, opts);
+    auto same = like.options();
+    mirror_ = torch::empty({capacity, 1}, same);
+  }
+  void add(int64_t i, double r) {
+    rewards_[i].copy_(torch::tensor(r, torch::kFloat64));
+    // CHECK-MESSAGES: :[[@LINE-1]]:17: warning: copy_ silently converts float64 to float32 (the destination's dtype)
+    mirror_[i].copy_(torch::tensor(r, torch::kFloat64));
+  }
+
+private:
+  torch::Tensor rewards_, mirror_;
+};

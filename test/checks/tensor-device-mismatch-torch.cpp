@@ -371,6 +371,61 @@ public:
 private:
   torch::Device device_ = torch::kCPU;
 };
+// A private tensor field of a plain class: every value its class gives it
+// (Note [own tensor field]), a value read from the field itself included.
+class ParticleCloud {
+public:
+  ParticleCloud(const torch::Tensor &init, int64_t beams) : device_(torch::kCUDA) {
+    particles_ = init.to(device_).unsqueeze(1);
+    angles_ = torch::linspace(-1.0, 1.0, beams);
+  }
+  void resample(const torch::Tensor &idx, const torch::Tensor &m) {
+    auto picked = particles_.index_select(1, idx.to(device_));
+    particles_ = torch::where(m, picked, particles_);
+  }
+  torch::Tensor beams() const {
+    auto th = particles_.select(2, 2).unsqueeze(-1);
+    return th + angles_;
+    // CHECK-MESSAGES: :[[@LINE-1]]:15: error: '+' combines the CPU tensor 'angles_' with 'th': throws at run time
+    // CHECK-FIXES: {{^}}    return th + angles_.to(th.device());{{$}}
+  }
+
+private:
+  torch::Device device_;
+  torch::Tensor particles_, angles_;
+};
+// Not known: a reference handed out, a load through one, two devices, a public field.
+class ExposedField {
+public:
+  ExposedField() : w_(torch::zeros({4, 4})) {}
+  torch::Tensor &weights() { return w_; }
+  torch::Tensor apply(const torch::Tensor &x) { return x.cuda() + w_; }
+
+private:
+  torch::Tensor w_;
+};
+class LoadedField {
+public:
+  explicit LoadedField(const std::string &p) { torch::load(w_, p); }
+  torch::Tensor apply(const torch::Tensor &x) { return x.cuda() + w_; }
+
+private:
+  torch::Tensor w_ = torch::zeros({4});
+};
+class SwitchingField {
+public:
+  SwitchingField() : w_(torch::zeros({4})) {}
+  void toGpu() { w_ = w_.cuda(); }
+  torch::Tensor apply(const torch::Tensor &x) { return x.cuda() + w_; }
+
+private:
+  torch::Tensor w_;
+};
+class OpenField {
+public:
+  torch::Tensor apply(const torch::Tensor &x) { return x.cuda() + w_; }
+  torch::Tensor w_ = torch::zeros({4});
+};
 torch::Tensor collected(torch::nn::Linear &net, const torch::Tensor &x, int64_t n) {
   std::vector<torch::Tensor> parts;
   parts.push_back(net->forward(x.cuda()));

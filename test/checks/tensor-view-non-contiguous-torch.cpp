@@ -408,3 +408,15 @@ torch::Tensor envMajor(const torch::Tensor &arr, const torch::Tensor &z, int64_t
   return arr.transpose(0, 1).view({n, -1}).sum() + z.t().view({n, -1}).sum();
   // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: 'view' on the non-contiguous result of 'transpose' throws at run time unless the dimensions it merges have size 1 (assuming 'arr' is contiguous, as nearly all tensors are, and has 3 or more dimensions: with fewer, the new shape is its own)
 }
+
+// A lambda of the file is read as a function: what its body returns.
+torch::Tensor lambdaHeads(const torch::Tensor &x, int64_t H, int64_t D) {
+  const auto B = x.size(0), T = x.size(1);
+  auto split = [&](const torch::Tensor &t) { return t.view({B, -1, H, D}).transpose(1, 2); };
+  auto packed = [&](const torch::Tensor &t) { return split(t).contiguous(); };
+  auto qh = split(x), vh = split(x);
+  auto ctx = torch::matmul(torch::softmax(torch::matmul(qh, qh.transpose(-2, -1)), -1), vh);
+  auto merged = packed(x).view({B, H, -1});
+  return ctx.transpose(1, 2).view({B, T, H * D}) + merged.sum();
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: error: 'view' on the non-contiguous result of 'transpose' throws at run time
+}
