@@ -537,6 +537,12 @@ static void assignedValues(const Stmt *S, const FieldDecl *F,
     assignedValues(Child, F, Out);
 }
 
+static bool isCopyOrMove(const CXXMethodDecl *M) {
+  if (const auto *C = dyn_cast<CXXConstructorDecl>(M))
+    return C->isCopyOrMoveConstructor();
+  return M->isCopyAssignmentOperator() || M->isMoveAssignmentOperator();
+}
+
 llvm::SmallVector<const Expr *, 4> valuesOfField(const FieldDecl *F) {
   llvm::SmallVector<const Expr *, 4> Out;
   if (const Expr *Init = F->getInClassInitializer())
@@ -546,6 +552,8 @@ llvm::SmallVector<const Expr *, 4> valuesOfField(const FieldDecl *F) {
     return Out;
   for (const CXXMethodDecl *M : RD->methods())
     if (const auto *Def = dyn_cast_or_null<CXXMethodDecl>(M->getDefinition())) {
+      if (isCopyOrMove(Def)) // `w_(o.w_)`: a copy keeps whatever F holds
+        continue;
       if (const auto *C = dyn_cast<CXXConstructorDecl>(Def))
         for (const CXXCtorInitializer *I : C->inits())
           if (I->getMember() == F && I->isWritten())

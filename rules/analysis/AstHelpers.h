@@ -197,7 +197,8 @@ const Stmt *loopBody(const Stmt *Loop);
 CharSourceRange wholeLines(SourceLocation Begin, SourceLocation Semi, const SourceManager &SM);
 
 /// Every value F's class gives F: its in-class initializer, its
-/// constructors' written initializers, and `F = v` in its methods.
+/// constructors' written initializers, and `F = v` in its methods (not its
+/// copy and move constructors and assignments: a copy keeps what F holds).
 llvm::SmallVector<const Expr *, 4> valuesOfField(const FieldDecl *F);
 
 /// A torch::Device or TensorOptions type: a device argument (`to(device)`).

@@ -379,6 +379,9 @@ public:
     particles_ = init.to(device_).unsqueeze(1);
     angles_ = torch::linspace(-1.0, 1.0, beams);
   }
+  // A copy keeps what the fields hold: not a value of its own.
+  ParticleCloud(const ParticleCloud &o)
+      : device_(o.device_), particles_(o.particles_.clone()), angles_(o.angles_) {}
   void resample(const torch::Tensor &idx, const torch::Tensor &m) {
     auto picked = particles_.index_select(1, idx.to(device_));
     particles_ = torch::where(m, picked, particles_);
