@@ -196,12 +196,15 @@ DeviceKnown DeviceFacts::solve(VarKey Key, llvm::function_ref<DeviceKnown()> Sta
 // non-const reference (`torch::load(w_, path)`, an accessor returning
 // `Tensor &`) or its address taken.
 DeviceKnown DeviceFacts::ofOwnField(const FieldDecl *F, unsigned Depth) {
+  const VarKey Key{F, 0};
+  if (auto It = Known.find(Key); It != Known.end())
+    return It->second; // before the walk of the class that gathers its values
   llvm::SmallVector<const Expr *, 4> Values;
   if (!wholeClassGives(F, Values))
-    return DeviceKnown::Unknown;
+    return Known[Key] = DeviceKnown::Unknown;
   auto Of = [&](const Expr *E) { return deviceOf(E, Depth + 1); };
   auto Start = [&] { return Of(Values.front()); };
-  return solve(VarKey{F, 0}, Start, llvm::ArrayRef(Values).drop_front(), Of);
+  return solve(Key, Start, llvm::ArrayRef(Values).drop_front(), Of);
 }
 
 bool DeviceFacts::wholeClassGives(const FieldDecl *F, llvm::SmallVectorImpl<const Expr *> &Out) {
