@@ -59,11 +59,20 @@ static bool writesBack(const Stmt *S, const ValueDecl *Orig, const ValueDecl *Al
   return llvm::any_of(S->children(), [&](const Stmt *C) { return writesBack(C, Orig, Alias); });
 }
 
+// A parameter of a function named with a trailing underscore (`rotate_z_`),
+// PyTorch's mark of an in-place op: writing it is what the function is for.
+static bool writesOwnParameter(const AffectedHandle &A, const FunctionDecl *FD) {
+  const auto *P = dyn_cast_or_null<ParmVarDecl>(A.Decl);
+  return P && !A.Owner && P->getDeclContext() == FD && FD->getIdentifier() &&
+         FD->getName().ends_with("_");
+}
+
 // The handle the write also changes: a later read first, then an escape.
 static const AffectedHandle *pick(const WriteEvent &W, AnalysisManager &AM,
                                   const FunctionDecl *FD) {
   return pickAffected(W, [&](const AffectedHandle &A) {
     return A.CrossedAlias && !A.CrossedDetach && !initialisesParameter(A) &&
+           !writesOwnParameter(A, FD) &&
            !viaCallOnRunTimeDevice(W, A, AM) && !writesBack(FD->getBody(), A.Decl, W.RootDecl);
   });
 }
@@ -145,7 +154,7 @@ void AliasThenMutateCheck::check(const MatchFinder::MatchResult &Result) {
                : "the handle is copied here, sharing storage; use '.clone()' to copy the data",
            DiagnosticIDs::Note)
           << Op;
-    diag(exposureLoc(*A), exposureNote(*A), DiagnosticIDs::Note);
+    diagText(exposureLoc(*A), exposureNote(*A), DiagnosticIDs::Note);
   }
 }
 

@@ -225,7 +225,7 @@ void CloneInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   StringRef SrcText = Lexer::getSourceText(CharSourceRange::getTokenRange(Src->getSourceRange()),
                                            *Result.SourceManager, getLangOpts());
   auto Fixes = hoistFixes(Call, C->Loop, *C->LA, C->U, SrcText, Ctx);
-  auto D = diag(ME->getMemberLoc(), message(Call, SrcText, C->U, C->Lay));
+  auto D = diagText(ME->getMemberLoc(), message(Call, SrcText, C->U, C->Lay));
   for (const FixItHint &F : Fixes)
     D << F;
   FixKind Fix = Fixes.empty()       ? FixKind::None

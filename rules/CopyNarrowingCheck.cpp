@@ -252,7 +252,7 @@ void CopyNarrowingCheck::report(const Copy &C, const MatchFinder::MatchResult &R
                     "; make the conversion explicit with '" +
                     (Fix.empty() ? std::string("src.to(dst.scalar_type())") : Fix) + "'";
   {
-    auto Diag = diag(C.Loc, Msg, DiagnosticIDs::Warning);
+    auto Diag = diagText(C.Loc, Msg, DiagnosticIDs::Warning);
     if (!Fix.empty())
       Diag << FixItHint::CreateReplacement(CharSourceRange::getTokenRange(C.Src->getSourceRange()),
                                            Fix);

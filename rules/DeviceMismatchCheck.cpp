@@ -25,8 +25,7 @@ bool known(const TensorFact &F, TensorFact::DeviceKind D) {
 
 // The device facts (flow-insensitive, through calls and modules) put E on CUDA.
 bool onCuda(const Expr *E, DeviceFacts *Devices) {
-  DeviceKnown D = Devices ? Devices->deviceOf(E) : DeviceKnown::Unknown;
-  return D == DeviceKnown::CUDA || D == DeviceKnown::CUDAIfAvailable;
+  return Devices && onCuda(Devices->deviceOf(E));
 }
 
 // E's device when it is CUDA: shown by the code, or chosen by
@@ -239,7 +238,7 @@ DeviceMismatchCheck::Sides DeviceMismatchCheck::sidesOf(llvm::ArrayRef<const Exp
     } else if (DeviceKnown D = cudaSide(*F, E, Devices);
                D != DeviceKnown::Unknown && (!S.Cuda || (!nameOf(S.Cuda) && nameOf(E)))) {
       S.Cuda = E; // a named one when there is one: the fix-it moves to its device
-      S.IfAvailable = D == DeviceKnown::CUDAIfAvailable;
+      S.CudaKind = D;
     }
   }
   return S;
@@ -276,7 +275,7 @@ void DeviceMismatchCheck::checkOp(const CallExpr *Call, const MatchFinder::Match
                           : "'" + std::string(Op->name) + "'";
   report({Call, reportLoc(Call), OpName, Cpu,
           CudaName ? textOf(CudaName, *Result.Context) + ".device()" : "", "'" + CudaText + "'",
-          false, S.IfAvailable, S.LeftBehind},
+          false, S.CudaKind, S.LeftBehind},
          Result);
 }
 
@@ -293,7 +292,7 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
   DeviceFacts *Devices = AnalysisManager::get(Model, *Result.Context).devicesAt(Call);
   MoveFinder Moves(Module, Call, *Result.Context, Devices);
   Moves.TraverseStmt(Fn->getBody());
-  bool IfAvailable = Moves.IfAvailable;
+  DeviceKnown Kind = Moves.IfAvailable ? DeviceKnown::CUDAIfAvailable : DeviceKnown::CUDA;
   if (Moves.Device.empty()) {
     // A member module of a class its holders move (Note [module device]):
     // no device expression here for a fix-it. Not a parameter known CPU from
@@ -303,13 +302,13 @@ void DeviceMismatchCheck::checkForward(const CallExpr *Call, const Expr *ModuleE
         Devices && Weighted ? Devices->cudaModuleMember(ModuleE) : DeviceKnown::Unknown;
     if (D == DeviceKnown::Unknown)
       return;
-    IfAvailable = D == DeviceKnown::CUDAIfAvailable;
+    Kind = D;
   }
   std::string Name = "'" + textOf(ModuleE, *Result.Context) + "'";
   const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
   std::string Method = MC ? MC->getMethodDecl()->getNameAsString() : "forward";
   report({Call, reportLoc(Call), "'" + Method + "'", Input, Moves.Device,
-          "the parameters of " + Name + ", moved to CUDA", true, IfAvailable},
+          "the parameters of " + Name + ", moved to CUDA", true, Kind},
          Result);
 }
 
@@ -319,9 +318,11 @@ static std::string messageFor(const DeviceMismatchCheck::Mismatch &M, StringRef 
   std::string Member = M.LeftBehind ? " (a member the module's to() does not move: it is not "
                                       "registered)"
                                     : "";
-  std::string Where = M.IfAvailable ? " on a machine with CUDA (its device is "
-                                      "'is_available() ? kCUDA : kCPU')"
-                                    : "";
+  std::string Where = M.CudaKind == DeviceKnown::CUDAIfAvailable
+                          ? " on a machine with CUDA (its device is 'is_available() ? kCUDA : kCPU')"
+                      : M.CudaKind == DeviceKnown::CallerChosen
+                          ? " when its caller passes a CUDA device (no call in view chooses one)"
+                          : "";
   return M.Op + " combines the CPU tensor '" + CpuText.str() + "'" + Member + " with " + M.Other +
          ": throws at run time" + Where +
          " ('Expected all tensors to be on the same device, but found at least two devices, "
@@ -349,7 +350,7 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
                  !M.Cpu->getEndLoc().isMacroID() && !inTemplateInstantiation(M.Call, Ctx);
   std::string Msg = messageFor(M, CpuText, Fixable ? Moved : Base + ".to(<device>)");
   {
-    auto D = diag(M.Loc, Msg, DiagnosticIDs::Error);
+    auto D = diagText(M.Loc, Msg, DiagnosticIDs::Error);
     if (Fixable)
       D << FixItHint::CreateReplacement(CharSourceRange::getTokenRange(M.Cpu->getSourceRange()),
                                         Moved);
@@ -361,7 +362,7 @@ void DeviceMismatchCheck::report(const Mismatch &M, const MatchFinder::MatchResu
   F.Op = F.Where;
   F.OpName = StringRef(M.Op).trim('\'').str();
   F.Fix = Fixable ? FixKind::ToOtherDevice : FixKind::None;
-  F.Facts.push_back(M.IfAvailable ? Fact::DeviceCUDAIfAvailable : Fact::DevicesKnown);
+  F.Facts.push_back(deviceFact(M.CudaKind, Fact::DevicesKnown));
   if (M.Module)
     F.Facts.push_back(Fact::ModuleMoved);
   if (M.LeftBehind)

@@ -33,15 +33,15 @@ public:
     std::string Device; // text of the CUDA side's device ("a.device()", "torch::kCUDA")
     std::string Other;  // the CUDA side, for the message
     bool Module = false;
-    bool IfAvailable = false; // the CUDA side's device is `is_available() ? kCUDA : kCPU`
-    bool LeftBehind = false;  // Cpu is a module's member its to() does not move
+    DeviceKnown CudaKind = DeviceKnown::CUDA; // how the CUDA side's device is CUDA
+    bool LeftBehind = false;                  // Cpu is a module's member its to() does not move
   };
 
   /// The first CPU operand (not a CPU scalar the op accepts) and a CUDA one.
   struct Sides {
     const Expr *Cpu = nullptr, *Cuda = nullptr;
-    bool IfAvailable = false; // the CUDA side's device is `is_available() ? kCUDA : kCPU`
-    bool LeftBehind = false;  // Cpu: DeviceFacts::hostMember
+    DeviceKnown CudaKind = DeviceKnown::CUDA; // how the CUDA side's device is CUDA
+    bool LeftBehind = false;                  // Cpu: DeviceFacts::hostMember
   };
 
 private:

@@ -215,7 +215,7 @@ void GraphKeptAcrossIterationsCheck::check(const MatchFinder::MatchResult &Resul
       !Reported.first(siteLoc(A->Site)))
     return;
   auto Fix = detachFix(A->Value, Ctx);
-  auto D = diag(siteLoc(A->Site), message(*A, Ctx));
+  auto D = diagText(siteLoc(A->Site), message(*A, Ctx));
   if (Fix)
     D << *Fix;
   emitFinding(keptFinding(getID(), *A, Fix.has_value(), *Result.SourceManager));

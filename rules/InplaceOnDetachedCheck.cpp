@@ -90,7 +90,7 @@ void InplaceOnDetachedCheck::check(const MatchFinder::MatchResult &Result) {
          "or write the parameter itself under a 'NoGradGuard' to change it}1",
          DiagnosticIDs::Note)
         << declName(A->Decl) << Param;
-    diag(exposureLoc(*A), exposureNote(*A), DiagnosticIDs::Note);
+    diagText(exposureLoc(*A), exposureNote(*A), DiagnosticIDs::Note);
   }
 }
 

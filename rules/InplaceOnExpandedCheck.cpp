@@ -68,7 +68,7 @@ void InplaceOnExpandedCheck::check(const MatchFinder::MatchResult &Result) {
   if (F->ExpandCall)
     Fix = cloneAfter(F->ExpandCall, *Result.Context);
   {
-    auto D = diag(Loc, Msg, F->BroadcastAssumed ? DiagnosticIDs::Warning : DiagnosticIDs::Error);
+    auto D = diagText(Loc, Msg, F->BroadcastAssumed ? DiagnosticIDs::Warning : DiagnosticIDs::Error);
     if (Fix)
       D << *Fix;
     emitFinding(writeLayoutFinding(getID(), HazardKind::ExpandedWrite, Write, Loc, *F,

@@ -129,7 +129,7 @@ void InplaceOverlapCheck::report(const CallExpr *Write, StringRef Op, const Expr
   if (Q.Assumed)
     Msg += "; assuming the tensor is contiguous and its sizes exceed the offsets, as nearly all do";
   std::optional<FixItHint> Fix = cloneAfter(Source, *Result.Context);
-  auto D = diag(Loc, Msg, Throws ? DiagnosticIDs::Error : DiagnosticIDs::Warning);
+  auto D = diagText(Loc, Msg, Throws ? DiagnosticIDs::Error : DiagnosticIDs::Warning);
   if (Fix)
     D << *Fix;
   Finding F = writeLayoutFinding(

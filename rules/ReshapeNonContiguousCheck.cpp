@@ -50,7 +50,7 @@ void ReshapeNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
   Msg += "; make the copy explicit with '.contiguous()";
   Msg += Name == "reshape" ? ".view(...)'" : "." + Name + "(...)'";
   {
-    auto D = diag(Loc, Msg);
+    auto D = diagText(Loc, Msg);
     bool Fixable =
         ME && !Loc.isMacroID() && !ME->isArrow() && !inTemplateInstantiation(Call, *Result.Context);
     if (Fixable)

@@ -463,7 +463,7 @@ std::optional<SyncSite> syncSite(const CXXMemberCallExpr *Call, const TensorMode
         S.Value = Item;
   }
   S.Device = DF.deviceOf(S.Tensor);
-  if (S.Device != DeviceKnown::CUDA && S.Device != DeviceKnown::CUDAIfAvailable)
+  if (!onCuda(S.Device))
     return std::nullopt;
   return S;
 }
@@ -537,7 +537,9 @@ void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   std::string Where = S->Device == DeviceKnown::CUDA
                           ? (Named ? "CUDA tensor '" + Obj.str() + "'" : "a CUDA tensor")
                           : (Named ? "'" + Obj.str() + "'" : "a tensor") +
-                                " (on CUDA whenever cuda::is_available())";
+                                (S->Device == DeviceKnown::CallerChosen
+                                     ? " (on CUDA when its caller passes a CUDA device)"
+                                     : " (on CUDA whenever cuda::is_available())");
   // In a closure, a hoisted accumulator may not be among its captures: no fix-it.
   auto Fixes = K.What == Sink::Accumulate && !LoopAnalysis::inClosure(Call, Loop, Ctx)
                    ? accumulateFixes(*S, K.Accum, Loop, Ctx)
@@ -551,7 +553,7 @@ void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
                  ".detach()') and read the sum once after the loop"
            : "log every N steps, or accumulate on the device and read once after "
              "the loop");
-  auto D = diag(reportLoc(Call), Msg);
+  auto D = diagText(reportLoc(Call), Msg);
   for (const FixItHint &F : Fixes)
     D << F;
   Finding F;
@@ -564,8 +566,7 @@ void SyncInLoopCheck::check(const MatchFinder::MatchResult &Result) {
   if (const auto *DRE = dyn_cast<DeclRefExpr>(stripHandle(S->Tensor)))
     F.Handles.push_back(handleOf(HandleRole::Source, DRE->getDecl(), SM));
   F.Fix = Fixes.empty() ? FixKind::None : FixKind::AccumulateOnDevice;
-  F.Facts.push_back(S->Device == DeviceKnown::CUDA ? Fact::DeviceCUDA
-                                                   : Fact::DeviceCUDAIfAvailable);
+  F.Facts.push_back(deviceFact(S->Device, Fact::DeviceCUDA));
   emitFinding(std::move(F));
 }
 

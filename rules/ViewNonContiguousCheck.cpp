@@ -73,7 +73,7 @@ void ViewNonContiguousCheck::check(const MatchFinder::MatchResult &Result) {
                      "'.contiguous()." +
                      Name + "(...)'";
   {
-    auto D = diag(ME->getMemberLoc(), Msg, severity(*Q));
+    auto D = diagText(ME->getMemberLoc(), Msg, severity(*Q));
     bool Fixable = !ME->getMemberLoc().isMacroID() && !ME->isArrow() &&
                    !inTemplateInstantiation(View, *Result.Context);
     if (Fixable)

@@ -292,8 +292,8 @@ private:
   void recordAt(const Stmt *St, const State &S, unsigned Block, unsigned Index,
                 FunctionAliasResult &Result, FunctionSummary &Summary);
   void summarise(FunctionSummary &Summary);
-  bool recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via, const State &S,
-                   unsigned Block, unsigned Index, FunctionAliasResult &R, FunctionSummary &Sum);
+  bool recordWrite(WriteEvent W, const State &S, unsigned Block, unsigned Index,
+                   FunctionAliasResult &R, FunctionSummary &Sum);
   // A node reached from the written one: whether the path crossed an alias
   // (A) or a detach (D), and the first such edge (FA, FD).
   struct Reach {
@@ -303,8 +303,8 @@ private:
   };
   void findRoot(WriteEvent &W) const;
   void buildChildren();
-  void walkDerivations(unsigned Start, FunctionSummary &Sum, std::vector<uint8_t> &Seen,
-                       std::vector<Reach> &Reached);
+  void walkDerivations(unsigned Start, bool ViaCopy, FunctionSummary &Sum,
+                       std::vector<uint8_t> &Seen, std::vector<Reach> &Reached);
   void collectAffected(WriteEvent &W, const State &S, unsigned Block, unsigned Index,
                        const std::vector<uint8_t> &Seen, const std::vector<Reach> &Reached);
   const Stmt *laterRead(const VarDecl *V, unsigned Block, unsigned Index) const;
@@ -774,8 +774,10 @@ void FunctionAnalyzer::buildChildren() {
 
 // Every node sharing storage with Start, per flag combination; Seen gets a
 // bit per combination reached, Reached the items that crossed an alias or a
-// detach.
-void FunctionAnalyzer::walkDerivations(unsigned Start, FunctionSummary &Sum,
+// detach. ViaCopy: the write lands on a copy a callee makes of Start's
+// handle, so it writes no parameter itself (a helper passing its parameter
+// on to such a callee writes only a copy too).
+void FunctionAnalyzer::walkDerivations(unsigned Start, bool ViaCopy, FunctionSummary &Sum,
                                        std::vector<uint8_t> &Seen, std::vector<Reach> &Reached) {
   Seen.assign(Nodes.size(), 0);
   std::deque<Reach> Work;
@@ -805,7 +807,7 @@ void FunctionAnalyzer::walkDerivations(unsigned Start, FunctionSummary &Sum,
     Work.pop_front();
     if (int P = Nodes[I.N].ParamIndex; P >= 0) {
       Sum.MutatesParam[P] = true;
-      Sum.WritesParamItself[P] = Sum.WritesParamItself[P] || !I.A;
+      Sum.WritesParamItself[P] = Sum.WritesParamItself[P] || (!I.A && !ViaCopy);
     }
     if (I.A || I.D)
       Reached.push_back(I);
@@ -900,21 +902,17 @@ void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned B
   }
 }
 
-bool FunctionAnalyzer::recordWrite(const Expr *Write, const Expr *Target, const FunctionDecl *Via,
-                                   const State &S, unsigned Block, unsigned Index,
+// W names the write, its target and the callee it goes through, if any.
+bool FunctionAnalyzer::recordWrite(WriteEvent W, const State &S, unsigned Block, unsigned Index,
                                    FunctionAliasResult &R, FunctionSummary &Sum) {
-  WriteEvent W;
-  W.Write = Write;
-  W.Target = Target;
-  W.Via = Via;
   findRoot(W);
-  NodeSet Start = valueNodes(Target, S);
+  NodeSet Start = valueNodes(W.Target, S);
   if (Start.size() != 1)
     return false;
   buildChildren();
   std::vector<uint8_t> Seen;
   std::vector<Reach> Reached;
-  walkDerivations(Start[0], Sum, Seen, Reached);
+  walkDerivations(Start[0], W.ViaCopyOnly, Sum, Seen, Reached);
   if (Reached.empty())
     return false;
   collectAffected(W, S, Block, Index, Seen, Reached);
@@ -970,13 +968,22 @@ void FunctionAnalyzer::recordAt(const Stmt *St, const State &S, unsigned Block, 
   // Calls only: the casts around a call are elements of their own.
   if (const auto *E = dyn_cast<CallExpr>(St)) {
     if (const Expr *T = M.inPlaceTarget(E)) {
-      recordWrite(E, T, nullptr, S, Block, Index, Result, Summary);
+      WriteEvent W;
+      W.Write = E;
+      W.Target = T;
+      recordWrite(std::move(W), S, Block, Index, Result, Summary);
     } else if (const FunctionSummary *Sum = calleeSummary(E)) {
       llvm::ArrayRef<const Expr *> Args = callArgs(E);
-      for (unsigned A = 0; A < Args.size() && A < Sum->MutatesParam.size(); ++A)
-        if (Sum->MutatesParam[A] && M.isTensorExpr(Args[A]) &&
-            recordWrite(E, Args[A], E->getDirectCallee(), S, Block, Index, Result, Summary))
-          Result.Writes.back().ViaCopyOnly = !Sum->WritesParamItself[A];
+      for (unsigned A = 0; A < Args.size() && A < Sum->MutatesParam.size(); ++A) {
+        if (!Sum->MutatesParam[A] || !M.isTensorExpr(Args[A]))
+          continue;
+        WriteEvent W;
+        W.Write = E;
+        W.Target = Args[A];
+        W.Via = E->getDirectCallee();
+        W.ViaCopyOnly = !Sum->WritesParamItself[A];
+        recordWrite(std::move(W), S, Block, Index, Result, Summary);
+      }
     }
   } else if (const auto *RS = dyn_cast<ReturnStmt>(St)) {
     if (RS->getRetValue() && M.isTensorExpr(RS->getRetValue()))

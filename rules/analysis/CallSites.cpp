@@ -41,6 +41,16 @@ public:
     return true;
   }
   bool VisitDeclRefExpr(DeclRefExpr *DRE) { return referenced(DRE, DRE->getDecl()); }
+  bool VisitCXXConstructExpr(CXXConstructExpr *CE) {
+    if (Caller && CE->getConstructor())
+      Out.Constructions[CE->getConstructor()->getCanonicalDecl()].push_back({CE, Caller});
+    return true;
+  }
+  bool VisitTagTypeLoc(TagTypeLoc TL) {
+    if (const auto *RD = dyn_cast<CXXRecordDecl>(TL.getDecl()))
+      Out.NamedRecords.insert(RD->getCanonicalDecl());
+    return true;
+  }
   bool VisitMemberExpr(MemberExpr *ME) { return referenced(ME, ME->getMemberDecl()); }
 
   // Field values: `s.F = v` (a class's operator= or a built-in one).

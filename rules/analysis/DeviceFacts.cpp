@@ -11,12 +11,34 @@
 
 namespace clang::tidy::tensor {
 
+// How certainly a kind of CUDA is CUDA: 0 when it is not CUDA at all.
+static int cudaRank(DeviceKnown D) {
+  switch (D) {
+  case DeviceKnown::CUDA: return 3;
+  case DeviceKnown::CUDAIfAvailable: return 2;
+  case DeviceKnown::CallerChosen: return 1;
+  default: return 0;
+  }
+}
+
+bool onCuda(DeviceKnown D) { return cudaRank(D) > 0; }
+
+Fact deviceFact(DeviceKnown D, Fact IfCuda) {
+  return D == DeviceKnown::CUDAIfAvailable ? Fact::DeviceCUDAIfAvailable
+         : D == DeviceKnown::CallerChosen  ? Fact::DeviceChosenByCaller
+                                           : IfCuda;
+}
+
+// The more certain kind of CUDA of two (operands of one op share a device).
+static DeviceKnown strongestCuda(DeviceKnown A, DeviceKnown B) {
+  return cudaRank(B) > cudaRank(A) ? B : A;
+}
+
 DeviceKnown meetDevices(DeviceKnown A, DeviceKnown B) {
   if (A == B)
     return A;
-  if ((A == DeviceKnown::CUDA && B == DeviceKnown::CUDAIfAvailable) ||
-      (B == DeviceKnown::CUDA && A == DeviceKnown::CUDAIfAvailable))
-    return DeviceKnown::CUDAIfAvailable;
+  if (onCuda(A) && onCuda(B))
+    return cudaRank(A) < cudaRank(B) ? A : B;
   return DeviceKnown::Unknown;
 }
 
@@ -25,8 +47,6 @@ namespace {
 // Variables followed from one expression to what it was computed from: the
 // expressions themselves are walked whole (they hold no cycle).
 constexpr unsigned kMaxHops = 12;
-
-bool onCUDA(DeviceKnown D) { return D == DeviceKnown::CUDA || D == DeviceKnown::CUDAIfAvailable; }
 
 // A TensorOptions made from a value of this type leaves the device default.
 bool namesNoDevice(QualType T) {
@@ -169,7 +189,7 @@ DeviceKnown DeviceFacts::solve(VarKey Key, llvm::function_ref<DeviceKnown()> Sta
   }
   const CutState Outer = std::exchange(Cut, CutState());
   DeviceKnown D = Start();
-  if (onCUDA(D))
+  if (onCuda(D))
     Hypothesis[Key] = D;
   for (const Expr *R : Rest)
     D = meetDevices(D, Of(R));
@@ -309,6 +329,37 @@ DeviceKnown DeviceFacts::ofField(const FieldDecl *F, unsigned Depth) {
   return FieldKnown[F] = D;
 }
 
+// Note [caller's device]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A device parameter that no call in view passes (a trainer class built in
+// another file, `train(model, loader, device)` called from another TU) is
+// the caller's choice: CallerChosen. Code that takes its device as a
+// parameter is written to run on CUDA too, so a CPU tensor it mixes with a
+// tensor on that device throws in the runs it is written for, and a sync it
+// makes each step costs there; the findings say "when its caller passes a
+// CUDA device". A constructor is read through the constructions the main
+// file writes (`Agent agent(cfg, device)`); one a library template makes
+// (`make_unique<Agent>(cfg, kCPU)`, a ModuleHolder) is not seen, so with
+// none seen a class the main file names anywhere stays Unknown.
+
+// The argument each call or construction of FD in view passes for its
+// parameter I (null where it cannot be read); none when FD may be called out
+// of sight (CallSites::of).
+static void argumentsFor(const CallSites &CS, const FunctionDecl *FD, unsigned I,
+                         llvm::SmallVectorImpl<const Expr *> &Out) {
+  if (const auto *Ctor = dyn_cast<CXXConstructorDecl>(FD)) {
+    for (const CallSites::Construction &C : CS.constructionsOf(Ctor))
+      Out.push_back(I < C.Construct->getNumArgs() ? C.Construct->getArg(I) : nullptr);
+    return;
+  }
+  if (std::optional<llvm::ArrayRef<CallSites::Site>> Sites = CS.of(FD))
+    for (const CallSites::Site &S : *Sites)
+      // An operator call passes the object first: its arguments are not shifted here.
+      Out.push_back(isa<CXXOperatorCallExpr>(S.Call) || I >= S.Call->getNumArgs()
+                        ? nullptr
+                        : S.Call->getArg(I));
+}
+
 DeviceKnown DeviceFacts::ofParam(const ParmVarDecl *P, bool IsDevice, unsigned Depth) {
   const auto *FD = dyn_cast<FunctionDecl>(P->getDeclContext());
   if (!FD || Depth > kMaxHops)
@@ -318,18 +369,17 @@ DeviceKnown DeviceFacts::ofParam(const ParmVarDecl *P, bool IsDevice, unsigned D
     return It->second;
   ParamKnown[Key] = DeviceKnown::Unknown; // a chain of calls back to FD
   AnalysisManager &AM = AnalysisManager::get(Model, Ctx);
-  std::optional<llvm::ArrayRef<CallSites::Site>> Sites = AM.calls().of(FD);
-  const unsigned I = P->getFunctionScopeIndex();
-  if (!Sites || Sites->empty())
-    return DeviceKnown::Unknown;
+  llvm::SmallVector<const Expr *, 4> Args;
+  argumentsFor(AM.calls(), FD, P->getFunctionScopeIndex(), Args);
+  if (Args.empty()) { // Note [caller's device]
+    const auto *Ctor = dyn_cast<CXXConstructorDecl>(FD);
+    bool Unseen = !Ctor || !AM.calls().namesRecord(Ctor->getParent());
+    return ParamKnown[Key] = IsDevice && Unseen ? DeviceKnown::CallerChosen : DeviceKnown::Unknown;
+  }
   std::optional<DeviceKnown> D;
-  for (const CallSites::Site &S : *Sites) {
-    // An operator call passes the object first: its arguments are not shifted here.
-    DeviceFacts *Caller = isa<CXXOperatorCallExpr>(S.Call) || I >= S.Call->getNumArgs()
-                              ? nullptr
-                              : AM.devicesAt(S.Call);
-    const Expr *A = Caller ? S.Call->getArg(I) : nullptr;
-    DeviceKnown K = !A         ? DeviceKnown::Unknown
+  for (const Expr *A : Args) {
+    DeviceFacts *Caller = A ? AM.devicesAt(A) : nullptr;
+    DeviceKnown K = !Caller    ? DeviceKnown::Unknown
                     : IsDevice ? Caller->deviceNamed(A, Depth + 1)
                                : Caller->deviceOf(A, Depth + 1);
     D = D ? meetDevices(*D, K) : K;
@@ -406,8 +456,7 @@ DeviceKnown DeviceFacts::anyArgument(const CallExpr *C, unsigned Depth, bool Our
     AllHost &= Tensor ? D == DeviceKnown::NotCUDA
                       : !Model.isTensorListType(A->getType()) &&
                             !scalarSource(A)->getType()->isRecordType();
-    if (onCUDA(D) && Best != DeviceKnown::CUDA)
-      Best = D;
+    Best = strongestCuda(Best, D);
   }
   // A function of ours given tensors on two devices has none of its own: it
   // may throw in there (reported there) or move one; a library op's
@@ -427,8 +476,7 @@ DeviceKnown DeviceFacts::ofListArgument(const Expr *A, unsigned Depth) {
   }
   DeviceKnown Best = DeviceKnown::Unknown;
   for (const Expr *E : Es)
-    if (DeviceKnown D = deviceOf(E, Depth); onCUDA(D) && Best != DeviceKnown::CUDA)
-      Best = D;
+    Best = strongestCuda(Best, deviceOf(E, Depth));
   return Best;
 }
 
@@ -527,7 +575,7 @@ static void movesOf(const Stmt *S, const FieldDecl *F, llvm::SmallVectorImpl<con
 DeviceKnown DeviceFacts::cudaModuleMember(const Expr *E, unsigned Depth) {
   const FieldDecl *F = rootModuleMember(E);
   DeviceKnown D = F ? ofModuleMember(F, Depth) : DeviceKnown::Unknown;
-  return onCUDA(D) ? D : DeviceKnown::Unknown;
+  return onCuda(D) ? D : DeviceKnown::Unknown;
 }
 
 const FieldDecl *DeviceFacts::rootModuleMember(const Expr *E) {
@@ -778,9 +826,9 @@ DeviceKnown DeviceFacts::ofStructArgument(const Expr *A, unsigned Depth) {
   const VarDecl *V = varOf(A);
   DeviceKnown Best = deviceOf(A, Depth); // a struct a call returned: that call's device
   for (const FieldDecl *F : A->getType()->getAsCXXRecordDecl()->fields())
-    if (Model.isTensorType(F->getType()) && Best != DeviceKnown::CUDA)
-      if (std::optional<DeviceKnown> D = ofLocalField(V, F, Depth); D && onCUDA(*D))
-        Best = *D;
+    if (Model.isTensorType(F->getType()))
+      if (std::optional<DeviceKnown> D = ofLocalField(V, F, Depth))
+        Best = strongestCuda(Best, *D);
   return Best;
 }
 
@@ -812,7 +860,7 @@ DeviceKnown DeviceFacts::deviceOf(const Expr *E, unsigned Depth) {
     return deviceOf(ME->getBase(), Depth); // out.first of `auto out = model->forward(x)`
   // `model_->emb->weight`: a tensor of a module member moved to CUDA.
   if (const auto *ME = dyn_cast<MemberExpr>(E); ME && Model.isTensorExpr(ME))
-    if (const FieldDecl *F = rootModuleMember(ME->getBase()); F && onCUDA(ofModuleMember(F, Depth)))
+    if (const FieldDecl *F = rootModuleMember(ME->getBase()); F && onCuda(ofModuleMember(F, Depth)))
       return ofModuleMember(F, Depth);
   // `W_` in a module's method: a registered parameter or buffer; in a plain
   // class's, what the class gives it (Note [own tensor field]).

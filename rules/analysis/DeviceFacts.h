@@ -8,6 +8,7 @@
 // Flow-insensitive per variable: every value a variable is given must agree.
 #pragma once
 
+#include "analysis/Finding.h"
 #include "analysis/TensorModel.h"
 #include "analysis/VectorElements.h"
 
@@ -24,10 +25,15 @@ enum class DeviceKnown : uint8_t {
   NotCUDA,         // CPU as the code shows (kCPU, cpu(), a factory without a device)
   CUDA,            // kCUDA, "cuda", cuda(), a torch::Device made from them
   CUDAIfAvailable, // `torch::cuda::is_available() ? kCUDA : kCPU`: CUDA whenever there is one
+  CallerChosen,    // a device parameter no call in view passes (Note [caller's device])
 };
 
-/// Two values a tensor may hold: CUDA only when both are.
+/// Two values a tensor may hold: CUDA only when both are (the weaker kind of CUDA).
 DeviceKnown meetDevices(DeviceKnown A, DeviceKnown B);
+/// D is CUDA in the runs the code is written for: CUDA, CUDAIfAvailable, CallerChosen.
+bool onCuda(DeviceKnown D);
+/// The fact a finding on a tensor on D carries: IfCuda when D is plainly CUDA.
+Fact deviceFact(DeviceKnown D, Fact IfCuda);
 
 class DeviceFacts {
 public:

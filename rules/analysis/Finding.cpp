@@ -86,6 +86,7 @@ constexpr Named<Fact> FactNames[] = {
     {Fact::FreshSource, "fresh-source"},
     {Fact::DeviceCUDA, "device-cuda"},
     {Fact::DeviceCUDAIfAvailable, "device-cuda-if-available"},
+    {Fact::DeviceChosenByCaller, "device-chosen-by-caller"},
     {Fact::MemberNotRegistered, "member-not-registered"},
 };
 constexpr Named<HandleRole> RoleNames[] = {

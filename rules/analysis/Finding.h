@@ -102,6 +102,7 @@ enum class Fact {
   FreshSource,           // the copied tensor is an op's fresh result that nothing else holds
   DeviceCUDA,            // the tensor is on CUDA, as the code shows
   DeviceCUDAIfAvailable, // on CUDA whenever the machine has one (is_available() ? kCUDA : kCPU)
+  DeviceChosenByCaller,  // on the device a parameter names that no call in view passes
   MemberNotRegistered,   // a module's tensor member its to() leaves on the CPU (not registered)
 };
 

@@ -115,8 +115,7 @@ DeviceKnown ModuleDevices::of(const CXXRecordDecl *RD, AnalysisManager &AM) {
       DeviceKnown K = Facts ? Facts->deviceOfMove(Call) : DeviceKnown::Unknown;
       D = D ? meetDevices(*D, K) : K;
     }
-  bool Cuda = D == DeviceKnown::CUDA || D == DeviceKnown::CUDAIfAvailable;
-  return Memo[RD] = Cuda ? *D : DeviceKnown::Unknown;
+  return Memo[RD] = D && onCuda(*D) ? *D : DeviceKnown::Unknown;
 }
 
 bool ModuleDevices::touchedOutside(const FieldDecl *F, ASTContext &Ctx) {

@@ -60,6 +60,12 @@ public:
 
   TensorDiag diag(SourceLocation Loc, StringRef Description,
                   DiagnosticIDs::Level Level = DiagnosticIDs::Warning);
+  /// A message built whole, quoting source text: emitted as it is, not read
+  /// as a format (a '%' in `x[i % n]` would be taken for an argument).
+  TensorDiag diagText(SourceLocation Loc, const std::string &Message,
+                      DiagnosticIDs::Level Level = DiagnosticIDs::Warning) {
+    return diag(Loc, "%0", Level) << Message;
+  }
 
 protected:
   // Bool options as strings: OptionsView's bool specialisations are not

@@ -206,9 +206,10 @@ const Expr *TensorModel::inPlaceTarget(const Expr *E) const {
     case OO_GreaterGreaterEqual:
       return OC->getArg(0);
     case OO_Equal: {
-      // Only assignment to a temporary writes data; `b = a` rebinds b.
+      // Only assignment to a temporary writes data; `b = a` rebinds b, and
+      // so does `v[0] = a` of a vector (its operator[] gives an lvalue).
       const Expr *L = OC->getArg(0)->IgnoreImplicit();
-      if (isa<CallExpr>(L) && !L->getType()->isReferenceType())
+      if (isa<CallExpr>(L) && L->isPRValue())
         return OC->getArg(0);
       return nullptr;
     }

@@ -478,3 +478,30 @@ float normalizedTwice(const Normalizer &n, const torch::Tensor &obs) {
   // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: call to 'scaleInPlace', which writes its argument in place, on 'c' also changes
   return (a - b + obs).sum().item<float>();
 }
+// The same through a second helper that passes its argument on: still a copy.
+torch::Tensor preprocess(const Normalizer &n, const torch::Tensor &x) { return n.normalize(x); }
+void scaleTwice(torch::Tensor x) { scaleInPlace(x); }
+float preprocessedTwice(const Normalizer &n, const torch::Tensor &obs) {
+  auto a = preprocess(n, obs);
+  auto b = preprocess(n, obs);
+  auto c = obs;
+  // CHECK-FIXES: {{^}}  auto c = obs.clone();{{$}}
+  scaleTwice(c);
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: call to 'scaleTwice', which writes its argument in place, on 'c' also changes
+  return (a - b + obs).sum().item<float>();
+}
+
+// A trailing underscore names an in-place function (PyTorch's convention):
+// writing its parameter through an alias is what it is for. The same body
+// under a plain name is reported.
+void rotateRows_(const torch::Tensor &rows, const torch::Tensor &rot) {
+  auto v = rows.reshape({-1, 3});
+  v.copy_(v.mm(rot));
+}
+torch::Tensor rotateRows(const torch::Tensor &rows, const torch::Tensor &rot) {
+  auto v = rows.reshape({-1, 3});
+  // CHECK-FIXES: {{^}}  auto v = rows.clone(c10::MemoryFormat::Contiguous).reshape({-1, 3});{{$}}
+  v.copy_(v.mm(rot));
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'copy_' on 'v' may also change 'rows': 'reshape' returns its input
+  return v;
+}

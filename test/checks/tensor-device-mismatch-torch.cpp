@@ -161,14 +161,18 @@ void mismatchReportedOnce() {
   Tensor picked = scores.gather(-1, next.unsqueeze(-1));
 }
 
-// A device the code does not show: no finding.
+// A device the caller chooses, no call in view (Note [caller's device]): the
+// CPU operand is reported with that condition; the module call is not (its
+// move names no device the code shows).
 void runtimeDevice(torch::Device device) {
   torch::nn::Linear model(10, 2);
   model->to(device);
   Tensor x = torch::randn({8, 10});
   Tensor y = model->forward(x);
   Tensor z = torch::randn({8, 2}).to(device) + y;
+  // CHECK-MESSAGES: :[[@LINE-1]]:46: error: '+' combines the CPU tensor 'y' with 'torch::randn({8, 2}).to(device)': throws at run time when its caller passes a CUDA device (no call in view chooses one)
   Tensor w = torch::randn({8, 2}).to(device) + torch::ones({8, 2});
+  // CHECK-MESSAGES: :[[@LINE-1]]:46: error: '+' combines the CPU tensor 'torch::ones({8, 2})' with 'torch::randn({8, 2}).to(device)': throws at run time when its caller passes a CUDA device
 }
 
 void inputMovedToo() {
@@ -341,12 +345,14 @@ private:
   torch::Device device_;
 };
 
-// Not known: the device comes from the caller, or the class gives it two.
+// The device comes from a caller out of view (Note [caller's device]); see
+// below for a class that gives it two.
 class ChosenDevice {
 public:
   explicit ChosenDevice(torch::Device d) : device_(d) {}
   torch::Tensor shift(torch::nn::Linear &net, int64_t n) {
     return net->forward(torch::randn({4, 8}, device_)) + torch::ones({n});
+    // CHECK-MESSAGES: :[[@LINE-1]]:56: error: '+' combines the CPU tensor 'torch::ones({n})' with 'net->forward(torch::randn({4, 8}, device_))': throws at run time when its caller passes a CUDA device (no call in view chooses one)
   }
   torch::Device device_;
 };
@@ -849,3 +855,30 @@ void rotate(const Tensor &q) {
   rope->forward(q.to(device), torch::arange(4, torch::TensorOptions().device(device)));
   rope->relative(4);
 }
+
+// Note [caller's device]: a device parameter no call in view passes is the
+// caller's choice, and code that takes one is written to run on CUDA too.
+class ChosenDeviceTrainer {
+public:
+  explicit ChosenDeviceTrainer(torch::Device d) : device_(d) {}
+  torch::Tensor weighted(const torch::Tensor &x) {
+    auto xd = x.to(device_);
+    auto w = torch::ones({4});
+    return xd * w;
+    // CHECK-MESSAGES: :[[@LINE-1]]:15: error: '*' combines the CPU tensor 'w' with 'xd': throws at run time when its caller passes a CUDA device (no call in view chooses one) ('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!'); move it with 'w.to(xd.device())' [tensor-device-mismatch]
+    // CHECK-FIXES: {{^}}    return xd * w.to(xd.device());{{$}}
+  }
+
+private:
+  torch::Device device_;
+};
+// The same class given the CPU where it is made: nothing to report.
+class HostTrainer {
+public:
+  explicit HostTrainer(torch::Device d) : device_(d) {}
+  torch::Tensor weighted(const torch::Tensor &x) { return x.to(device_) * torch::ones({4}); }
+
+private:
+  torch::Device device_;
+};
+torch::Tensor runOnHost(const torch::Tensor &x) { return HostTrainer(torch::kCPU).weighted(x); }

@@ -329,3 +329,11 @@ public:
   void reset(const Tensor &init) { snapshot_ = init; snapshot_.zero_(); }
   Tensor plan_, snapshot_;
 };
+
+// A vector's operator[] gives an lvalue: `= fresh` rebinds the optimizer's
+// handle (the usual parameter swap), it writes no tensor data.
+torch::Tensor swapParameter(torch::optim::Adam &opt) {
+  auto fresh = torch::zeros({3}).requires_grad_();
+  opt.param_groups()[0].params()[0] = fresh;
+  return fresh;
+}

@@ -92,7 +92,8 @@ int train_until(Net &model, torch::optim::Optimizer &opt, const Batch &b, double
 double unknown_device(Net &model, const std::vector<Batch> &batches, torch::Device device) {
   double s = 0;
   for (const auto &b : batches)
-    s += torch::nll_loss(model.forward(b.data.to(device)), b.target.to(device)).item<double>(); // the caller's device
+    s += torch::nll_loss(model.forward(b.data.to(device)), b.target.to(device)).item<double>();
+  // CHECK-MESSAGES: :[[@LINE-1]]:81: warning: 'item' of a tensor (on CUDA when its caller passes a CUDA device) copies it to the host
   return s;
 }
 
@@ -534,4 +535,16 @@ double scoreBatches(torch::nn::Linear &net, const torch::Tensor &xs, const torch
 void scoreOnDevice(torch::nn::Linear &net) {
   auto xs = torch::randn({64, 8}).cuda(), ys = torch::randn({64, 8}).cuda();
   scoreBatches(net, xs, ys, false);
+}
+
+// A device parameter no call in view passes: the caller's choice (Note
+// [caller's device]), CUDA in the runs such code is written for.
+float chosenDeviceLoss(const std::vector<torch::Tensor> &xs, torch::Device device) {
+  float total = 0;
+  for (const auto &x : xs) {
+    auto loss = x.to(device).pow(2).mean();
+    total += loss.item<float>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:19: warning: 'item' of 'loss' (on CUDA when its caller passes a CUDA device) copies it to the host
+  }
+  return total;
 }

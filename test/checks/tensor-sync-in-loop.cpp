@@ -308,7 +308,8 @@ std::vector<float> kept(const std::vector<Tensor> &xs) {
 double deviceParameter(const std::vector<Tensor> &xs, tt::Device device) {
   double s = 0;
   for (const auto &x : xs)
-    s += x.to(device).sum().item<double>(); // the caller's device: unknown
+    s += x.to(device).sum().item<double>(); // the caller's device (Note [caller's device])
+  // CHECK-MESSAGES: :[[@LINE-1]]:29: warning: 'item' of 'x.to(device).sum()' (on CUDA when its caller passes a CUDA device) copies it to the host
   return s;
 }
 
@@ -366,10 +367,11 @@ double returnedInLoop(const std::vector<Tensor> &xs) {
 
 double reassignedDevice(const std::vector<Tensor> &xs, tt::Device other) {
   tt::Device device(tt::kCUDA);
-  device = other; // now the caller's device
+  device = other; // now CUDA or the caller's device: the weaker
   double s = 0;
   for (const auto &x : xs)
     s += x.to(device).sum().item<double>();
+  // CHECK-MESSAGES: :[[@LINE-1]]:29: warning: 'item' of 'x.to(device).sum()' (on CUDA when its caller passes a CUDA device) copies it to the host
   return s;
 }
 
