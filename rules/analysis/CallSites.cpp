@@ -41,9 +41,11 @@ public:
     return true;
   }
   bool VisitDeclRefExpr(DeclRefExpr *DRE) { return referenced(DRE, DRE->getDecl()); }
+  // Handle copies are most constructions in a TU and carry no argument of interest.
   bool VisitCXXConstructExpr(CXXConstructExpr *CE) {
-    if (Caller && CE->getConstructor())
-      Out.Constructions[CE->getConstructor()->getCanonicalDecl()].push_back({CE, Caller});
+    const CXXConstructorDecl *Ctor = CE->getConstructor();
+    if (Caller && Ctor && !Ctor->isCopyOrMoveConstructor())
+      Out.Constructions[Ctor->getCanonicalDecl()].push_back({CE, Caller});
     return true;
   }
   bool VisitTagTypeLoc(TagTypeLoc TL) {
