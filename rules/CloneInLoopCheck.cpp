@@ -207,7 +207,8 @@ CloneInLoopCheck::reportedCopy(const CXXMemberCallExpr *Call, const TensorModel 
   // accumulator started afresh each pass, whose fresh value is the point;
   // `torch::arange(n).to(kFloat)`: a construction in two steps, not a copy of
   // a tensor that lives across iterations (a possible move to a device still is).
-  if (C.U.Escapes || (TensorModel::isFactoryCall(Src) && (C.U.Written || !mayMoveDevice(Call, Model))))
+  if (C.U.Escapes ||
+      (TensorModel::isFactoryCall(Src) && (C.U.Written || !mayMoveDevice(Call, Model))))
     return std::nullopt;
   return C;
 }

@@ -222,7 +222,8 @@ CopyNarrowingCheck::sourceDType(const Copy &C, const TensorFact &D, const Tensor
                        Fact::AssumedInt64};
   }
   return SourceDType{"Float", false,
-                     " (assuming " + S.KindSource.Text + " is float32, as nearly all such tensors are)",
+                     " (assuming " + S.KindSource.Text +
+                         " is float32, as nearly all such tensors are)",
                      Fact::AssumedFloat32};
 }
 

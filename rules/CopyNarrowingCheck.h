@@ -30,8 +30,9 @@ private:
     std::string Assumed; // the message's words for a default, or ""
     Fact Why;
   };
-  std::optional<SourceDType> sourceDType(const Copy &C, const TensorFact &D, const TensorFact &S,
-                                         const ast_matchers::MatchFinder::MatchResult &Result) const;
+  std::optional<SourceDType>
+  sourceDType(const Copy &C, const TensorFact &D, const TensorFact &S,
+              const ast_matchers::MatchFinder::MatchResult &Result) const;
   // Take a source of unknown dtype as float32 when the destination is integral.
   const bool AssumeFloatSources;
   ReportedOnce Reported;

@@ -319,7 +319,8 @@ static std::string messageFor(const DeviceMismatchCheck::Mismatch &M, StringRef 
                                       "registered)"
                                     : "";
   std::string Where = M.CudaKind == DeviceKnown::CUDAIfAvailable
-                          ? " on a machine with CUDA (its device is 'is_available() ? kCUDA : kCPU')"
+                          ? " on a machine with CUDA (its device is "
+                            "'is_available() ? kCUDA : kCPU')"
                       : M.CudaKind == DeviceKnown::CallerChosen
                           ? " when its caller passes a CUDA device (no call in view chooses one)"
                           : "";

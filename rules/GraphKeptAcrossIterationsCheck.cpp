@@ -25,9 +25,9 @@ void GraphKeptAcrossIterationsCheck::registerMatchers(MatchFinder *Finder) {
                          .bind("op"),
                      this);
   Finder->addMatcher(
-      cxxMemberCallExpr(callee(cxxMethodDecl(hasAnyName("push_back", "emplace_back", "push_front",
-                                                        "emplace_front", "add_", "sub_", "index_add_",
-                                                        "scatter_add_"))),
+      cxxMemberCallExpr(callee(cxxMethodDecl(hasAnyName(
+                            "push_back", "emplace_back", "push_front", "emplace_front", "add_",
+                            "sub_", "index_add_", "scatter_add_"))),
                         unless(isExpansionInSystemHeader()))
           .bind("call"),
       this);

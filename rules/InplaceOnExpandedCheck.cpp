@@ -68,7 +68,8 @@ void InplaceOnExpandedCheck::check(const MatchFinder::MatchResult &Result) {
   if (F->ExpandCall)
     Fix = cloneAfter(F->ExpandCall, *Result.Context);
   {
-    auto D = diagText(Loc, Msg, F->BroadcastAssumed ? DiagnosticIDs::Warning : DiagnosticIDs::Error);
+    auto D = diagText(Loc, Msg,
+                      F->BroadcastAssumed ? DiagnosticIDs::Warning : DiagnosticIDs::Error);
     if (Fix)
       D << *Fix;
     emitFinding(writeLayoutFinding(getID(), HazardKind::ExpandedWrite, Write, Loc, *F,

@@ -22,6 +22,7 @@ DTYPE_ROW = re.compile(r"^TT_RESULT_DTYPE\((\w+),\s*(\w+)\)", re.M)
 VALUES_INDICES_ROW = re.compile(r"^TT_VALUES_INDICES\((\w+)\)", re.M)
 WHOLE_ROW = re.compile(r"^TT_WHOLE_RESULT\((\w+)\)", re.M)
 KEEPS_WHOLE_ROW = re.compile(r"^TT_KEEPS_WHOLE\((\w+)\)", re.M)
+PROMOTES_ROW = re.compile(r"^TT_SCALAR_PROMOTES\((\w+)\)", re.M)
 MODULE_ROW = re.compile(r"^TT_MODULE\((\w+),\s*(\w+),\s*(\w+),\s*(\w+),\s*(\w+),\s*(\d)\)", re.M)
 
 
@@ -404,7 +405,24 @@ def result_dtype_disagreements(torch, F):
             problems.append("%s: ops.def says (values, indices), but PyTorch gives %s" % (
                 name, [t.dtype for t in got]))
     whole_problems, wholes = whole_number_disagreements(torch, text)
-    return problems + whole_problems, len(rows) + len(pairs) + wholes
+    promote_problems, promotes = scalar_promotion_disagreements(torch, text)
+    return problems + whole_problems + promote_problems, len(rows) + len(pairs) + wholes + promotes
+
+
+def scalar_promotion_disagreements(torch, text):
+    """TT_SCALAR_PROMOTES rows: a floating scalar makes an int64 or int32 self's
+    result float32 and keeps a float64 self's dtype."""
+    probes = {"clamp": lambda x, s: x.clamp(0, s), "rsub": lambda x, s: torch.rsub(x, s)}
+    problems = []
+    rows = PROMOTES_ROW.findall(text)
+    for name in rows:
+        f = probes.get(name, lambda x, s, n=name: getattr(x, n)(s))
+        x = torch.arange(1, 7).reshape(2, 3)
+        got = [f(x, 2.5).dtype, f(x.int(), 2.5).dtype, f(x.double(), 2.5).dtype]
+        if got != [torch.float32, torch.float32, torch.float64]:
+            problems.append("%s: ops.def says a floating scalar promotes, but PyTorch gives %s"
+                            % (name, got))
+    return problems, len(rows)
 
 
 def whole_number_disagreements(torch, text):

@@ -69,8 +69,9 @@ const Expr *underViews(const CallExpr *Conv, const TensorModel &Model, ASTContex
 // Note [pixel bytes]
 // `auto x = frames.to(kFloat); x.div_(255)`: real code converts 8-bit pixels
 // this way (or to [-1, 1]: `div_(127.5).sub_(1)`; 16-bit audio samples:
-// `div_(32768)`), and divides by 255 (127.5, 32768) only what held integers. Such a conversion of an
-// input of unknown dtype copies: the data says more than the float32 default.
+// `div_(32768)`), and divides by 255 (127.5, 32768) only what held integers.
+// Such a conversion of an input of unknown dtype copies: the data says more
+// than the float32 default.
 // A dtype the code shows (an assertion, a factory's) still decides.
 bool AnalysisManager::convertsBytes(const CallExpr *Conv) {
   auto [It, New] = BytesConversions.try_emplace(Conv, false);

@@ -36,7 +36,8 @@ llvm::SmallVector<const Expr *, 4> bracedElements(const Expr *E) {
   if (const auto *SIL = dyn_cast_or_null<CXXStdInitializerListExpr>(E))
     E = stripHandle(SIL->getSubExpr());
   const auto *IL = dyn_cast_or_null<InitListExpr>(E);
-  return IL ? llvm::SmallVector<const Expr *, 4>(IL->inits()) : llvm::SmallVector<const Expr *, 4>();
+  using Exprs = llvm::SmallVector<const Expr *, 4>;
+  return IL ? Exprs(IL->inits()) : Exprs();
 }
 
 const Expr *scalarSource(const Expr *A) {

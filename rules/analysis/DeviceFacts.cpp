@@ -108,7 +108,8 @@ bool movesToHost(const Stmt *S) {
   if (!S)
     return false;
   if (const auto *C = dyn_cast<CallExpr>(S))
-    if (const FunctionDecl *F = C->getDirectCallee(); F && F->getIdentifier() && F->getName() == "cpu")
+    if (const FunctionDecl *F = C->getDirectCallee();
+        F && F->getIdentifier() && F->getName() == "cpu")
       return true;
   if (const auto *D = dyn_cast<DeclRefExpr>(S))
     if (D->getDecl()->getIdentifier() && D->getDecl()->getName().ends_with("CPU"))
@@ -523,7 +524,8 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
     // `halves[0]` of `auto halves = t.chunk(2)`: the list's device.
     if (OC->getOperator() == OO_Subscript && !Model.isTensorExpr(OC->getArg(0)))
       return deviceOf(OC->getArg(0), Depth);
-    return anyArgument(OC, Depth); // operands share a device
+    DeviceKnown D = anyArgument(OC, Depth); // operands share a device
+    return D == DeviceKnown::Unknown ? ofMovedModule(C) : D; // `net(x)`
   }
   if (isStdMoveLike(C) || N == "get") // std::get<0>(t.max(1)): the tuple's tensors
     return C->getNumArgs() ? deviceOf(C->getArg(0), Depth) : DeviceKnown::Unknown;
@@ -539,7 +541,9 @@ DeviceKnown DeviceFacts::ofCall(const CallExpr *C, unsigned Depth) {
   bool Numbers = llvm::all_of(C->arguments(), [](const Expr *A) {
     return A->getType()->isArithmeticType() || A->getType()->isEnumeralType();
   });
-  return Ours && Numbers && readableBodyOf(C) ? ofReturns(Def, Depth) : anyArgument(C, Depth, Ours);
+  DeviceKnown D =
+      Ours && Numbers && readableBodyOf(C) ? ofReturns(Def, Depth) : anyArgument(C, Depth, Ours);
+  return D == DeviceKnown::Unknown ? ofMovedModule(C) : D;
 }
 
 // What every return of Def gives, in Def's own facts (`mel_filterbank(sr,
@@ -558,18 +562,44 @@ DeviceKnown DeviceFacts::ofReturns(const FunctionDecl *Def, unsigned Depth) {
 }
 
 // Moves of module member F (`F->to(d)`, `F->cuda()`, `F->cpu()`) in S.
-static void movesOf(const Stmt *S, const FieldDecl *F, llvm::SmallVectorImpl<const CallExpr *> &Out) {
+// The module E names: a member of `this`, or a variable.
+static const ValueDecl *moduleDecl(const Expr *E) {
+  E = moduleValue(E);
+  if (const ValueDecl *F = ownMember(E))
+    return F;
+  const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E ? E->IgnoreParenImpCasts() : nullptr);
+  return DRE ? DRE->getDecl() : nullptr;
+}
+
+// The moves (`to`, `cuda`, `cpu`) in S of the module F names.
+static void movesOf(const Stmt *S, const ValueDecl *F,
+                    llvm::SmallVectorImpl<const CallExpr *> &Out) {
   if (!S)
     return;
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S); MC && MC->getMethodDecl() &&
                                                        MC->getMethodDecl()->getIdentifier()) {
     StringRef N = MC->getMethodDecl()->getName();
     if ((N == "to" || N == "cuda" || N == "cpu") &&
-        ownMember(moduleValue(MC->getImplicitObjectArgument())) == F)
+        moduleDecl(MC->getImplicitObjectArgument()) == F)
       Out.push_back(MC);
   }
   for (const Stmt *Child : S->children())
     movesOf(Child, F, Out);
+}
+
+// A local module of the user's class that this function moves, and every
+// move in the file sends to CUDA, computes there whatever its input, when
+// the input does not tell (`net->to(device); ... net(batch.lq)`): a host
+// input would throw first. A module parameter may be a host instance.
+DeviceKnown DeviceFacts::ofMovedModule(const CallExpr *C) {
+  const Expr *M = calledModule(C);
+  const auto *V = dyn_cast_or_null<VarDecl>(M ? moduleDecl(M) : nullptr);
+  const CXXRecordDecl *RD = V && V->isLocalVarDecl() ? userModuleClass(V->getType()) : nullptr;
+  llvm::SmallVector<const CallExpr *, 2> Moves;
+  if (RD && Fn)
+    movesOf(Fn->getBody(), V, Moves);
+  return Moves.empty() ? DeviceKnown::Unknown
+                       : AnalysisManager::get(Model, Ctx).moduleDevice(RD);
 }
 
 DeviceKnown DeviceFacts::cudaModuleMember(const Expr *E, unsigned Depth) {
@@ -624,7 +654,8 @@ DeviceKnown DeviceFacts::ofModuleMember(const FieldDecl *F, unsigned Depth) {
       continue;
     llvm::SmallVector<const CallExpr *, 2> Moves;
     movesOf(Def->getBody(), F, Moves);
-    bool Ctor = isa<CXXConstructorDecl>(M) && !cast<CXXConstructorDecl>(M)->isCopyOrMoveConstructor();
+    const auto *CD = dyn_cast<CXXConstructorDecl>(M);
+    bool Ctor = CD && !CD->isCopyOrMoveConstructor();
     if (Ctor && Moves.empty())
       return DeviceKnown::Unknown; // a constructor leaves it where it was made
     for (const CallExpr *Mv : Moves) {

@@ -118,6 +118,7 @@ private:
   /// tensor on the host too.
   DeviceKnown anyArgument(const CallExpr *C, unsigned Depth, bool Ours = false);
   DeviceKnown ofReturns(const FunctionDecl *Def, unsigned Depth);
+  DeviceKnown ofMovedModule(const CallExpr *C);
   /// Def's body moves a tensor to the host (`cpu()`, `kCPU`); memoised.
   bool bodyMovesToHost(const FunctionDecl *Def);
 

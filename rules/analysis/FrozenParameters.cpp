@@ -23,9 +23,9 @@ const VarDecl *frozenVar(const CallExpr *Call, ASTContext &Ctx) {
       return nullptr;
   }
   const Expr *Obj = stripHandle(MC->getImplicitObjectArgument());
-  if (const auto *Item = dyn_cast<CXXMemberCallExpr>(Obj); Item && Item->getMethodDecl() &&
-                                                           Item->getMethodDecl()->getIdentifier() &&
-                                                           Item->getMethodDecl()->getName() == "value")
+  const auto *Item = dyn_cast<CXXMemberCallExpr>(Obj);
+  const CXXMethodDecl *ItemMD = Item ? Item->getMethodDecl() : nullptr;
+  if (ItemMD && ItemMD->getIdentifier() && ItemMD->getName() == "value")
     Obj = stripHandle(Item->getImplicitObjectArgument()); // named_parameters()'s items
   const auto *DRE = dyn_cast<DeclRefExpr>(Obj);
   return DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
@@ -55,7 +55,8 @@ FrozenParameters::FrozenParameters(const CallSites &Calls) {
 void FrozenParameters::addLoopOver(const CallExpr *Freeze, const FunctionDecl *Caller) {
   const VarDecl *P = frozenVar(Freeze, Caller->getASTContext());
   const CXXForRangeStmt *Loop = P ? rangeForOf(P, Caller->getBody()) : nullptr;
-  const auto *List = Loop ? dyn_cast<CXXMemberCallExpr>(stripHandle(Loop->getRangeInit())) : nullptr;
+  const auto *List =
+      Loop ? dyn_cast<CXXMemberCallExpr>(stripHandle(Loop->getRangeInit())) : nullptr;
   const CXXMethodDecl *M = List ? List->getMethodDecl() : nullptr;
   if (!M || !M->getIdentifier() ||
       (M->getName() != "parameters" && M->getName() != "named_parameters"))

@@ -99,7 +99,8 @@ bool isTrainableRegistration(const CallExpr *C, ASTContext &Ctx) {
 bool registersTrainable(const Stmt *S, ASTContext &Ctx) {
   if (const auto *C = dyn_cast_or_null<CallExpr>(S); C && isTrainableRegistration(C, Ctx))
     return true;
-  return S && llvm::any_of(S->children(), [&](const Stmt *C) { return registersTrainable(C, Ctx); });
+  return S &&
+         llvm::any_of(S->children(), [&](const Stmt *C) { return registersTrainable(C, Ctx); });
 }
 
 bool isRegisteredParameter(const FieldDecl *F) {
@@ -590,7 +591,9 @@ GradFact GradFacts::Impl::evalMemberCall(const CXXMemberCallExpr *Call, const St
   // `decode(z)`, or `observe(obs)` returning a struct of tensors (`out.kl`).
   if (Model.isTensorExpr(Call) || Model.isTensorStruct(Call->getType()))
     if (auto L = layerMethod(Call); L != GradClassFacts::LayerMethod::No)
-      return {G.gradEnabledAt(Call) && L == GradClassFacts::LayerMethod::Layer ? GradKind::NonLeaf : GradKind::NoGrad,
+      return {G.gradEnabledAt(Call) && L == GradClassFacts::LayerMethod::Layer
+                  ? GradKind::NonLeaf
+                  : GradKind::NoGrad,
               Call};
   // `y_norm.decode(model->forward(x))`: a method of the TU making its result
   // from an argument that requires grad.

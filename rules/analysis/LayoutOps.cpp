@@ -830,16 +830,21 @@ static bool dropsPartOfDim(const OpCall &C, size_t First, const ASTContext &Ctx)
   return Start ? *Start > 0 : S && isIntExpr(S->IgnoreImpCasts());
 }
 
-// `seq.narrow(1, 1, T - 1)` of a contiguous tensor of unknown rank: its
-// source's sizes and strides but for dim D (decideUnknownRank).
+// `seq.narrow(1, 1, T - 1)`, `tokens.slice(1, 1)` of a contiguous tensor of
+// unknown rank: its source's sizes and strides but for dim D
+// (decideUnknownRank). A slice with a step changes the stride: not one.
 void LayoutAnalysis::Impl::narrowedUnranked(const OpCall &C, const TensorFact &Self,
                                             std::int64_t D, size_t First, TensorFact &R) {
-  if (C.Name != "narrow" || !Self.Src || Self.SwapA >= 0 || Self.UnitDims ||
-      Self.NarrowDim >= 0 || D > 8 || !C.arg(First + 1))
+  bool Narrow = C.Name == "narrow";
+  const Expr *Step = Narrow ? nullptr : C.arg(First + 2);
+  if ((!Narrow && C.Name != "slice") || !Self.Src || Self.SwapA >= 0 || Self.UnitDims ||
+      Self.NarrowDim >= 0 || D > 8 || (Narrow && !C.arg(First + 1)) ||
+      (Step && constInt(Step, Ctx) != std::optional<std::int64_t>(1)))
     return;
   R.Src = Self.Src;
   R.NarrowDim = (int)D;
-  R.NarrowLen = evalInt(C.arg(First + 1), C.S);
+  R.NarrowLen = Narrow ? evalInt(C.arg(First + 1), C.S)
+                       : sliceLength(C, ST.sym(Self.Src, D + 1), First, 1);
 }
 
 // select / narrow / slice along dim D; Arg0 is the index of the dim argument.
@@ -1362,7 +1367,8 @@ Mono LayoutAnalysis::Impl::sizeOfRank(const OpCall &C, const TensorFact &F, size
 
 // The result's last size: the other operand's last, else a symbol of the call.
 Mono LayoutAnalysis::Impl::resultCol(const OpCall &C, const TensorFact &O, size_t Rank) {
-  return O.Sizes && O.Sizes->size() == Rank ? O.Sizes->back() : ST.sym(C.Call, std::int64_t(Rank) - 1);
+  return O.Sizes && O.Sizes->size() == Rank ? O.Sizes->back()
+                                             : ST.sym(C.Call, std::int64_t(Rank) - 1);
 }
 
 TensorFact LayoutAnalysis::Impl::matmulOp(const OpCall &C) {
@@ -1476,6 +1482,9 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
   if (C.Op->storage == sem::Storage::Fresh)
     R.Src = C.Call;
   denseLike(R, C.Call);
+  // A self whose strides are in order (a narrow) orders the result's dims as
+  // a contiguous one would: `x.narrow(2, 0, h) / w` is contiguous.
+  const TensorFact Dense = R;
   std::optional<TensorFact> Mixed;
   for (const Expr *A : C.Args) {
     if (!Model.isTensorExpr(A))
@@ -1484,8 +1493,8 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
     combineDevice(R, C.Self, O);
     bool Same = O.Sizes && C.Self.Sizes && *O.Sizes == *C.Self.Sizes &&
                 *O.Strides == *C.Self.Strides;
-    if (!Mixed && !Same && !selfDecidesUnranked(C.Self, O))
-      Mixed = mixedLayout(C.Self, O);
+    if (!Mixed && !Same && !selfDecidesUnranked(Dense, O))
+      Mixed = mixedLayout(Dense, O);
   }
   if (!Mixed)
     return R;
@@ -1569,11 +1578,12 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   // Floating for certain: made so by this op, or by one before it (x.softmax(1).mul(10)).
   bool KeepsFloating = C.Self.FloatingOp && (Rule == sem::ResultDType::Self ||
                                               Rule == sem::ResultDType::Own);
-  auto Set = [&R, Floating, KeepsFloating](DTypeName D, bool Assumed) {
+  bool FloatScalar = false; // a promoting op's floating scalar operand: `x * 0.5`
+  auto Set = [&](DTypeName D, bool Assumed) {
     R.DType = D.Name;
     R.ElemSize = D.Size;
     R.DTypeAssumed = Assumed;
-    R.FloatingOp = Floating || (KeepsFloating && isFloatingDType(D.Name));
+    R.FloatingOp = Floating || FloatScalar || (KeepsFloating && isFloatingDType(D.Name));
   };
   if (Rule == sem::ResultDType::Bool || Rule == sem::ResultDType::Long)
     return Set(Rule == sem::ResultDType::Bool ? DTypeName{"Bool", 1} : DTypeName{"Long", 8}, false);
@@ -1583,7 +1593,7 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
     return valuesDType(C, R);
   // Same: every tensor operand has self's dtype; OthersIntegral: the others
   // are known integers or bools (indices, masks), which a float self outranks.
-  bool Same = true, OthersIntegral = true, FloatScalar = false, Assumed = C.Self.DTypeAssumed;
+  bool Same = true, OthersIntegral = true, Assumed = C.Self.DTypeAssumed;
   for (const Expr *A : C.Args) {
     if (isa<CXXDefaultArgExpr>(A))
       continue;
@@ -1593,7 +1603,7 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
         R.FloatingOp = false;
         return;
       }
-      FloatScalar |= isFloatScalar(A);
+      FloatScalar |= sem::scalarPromotes(C.Name) && isFloatScalar(A);
       continue;
     }
     TensorFact O = evalTensor(A, C.S);
@@ -1617,7 +1627,7 @@ void LayoutAnalysis::Impl::resultDType(const OpCall &C, TensorFact &R) {
   R.DType = "";
   R.ElemSize = 0;
   R.DTypeAssumed = false;
-  R.FloatingOp = Floating || WasFloating;
+  R.FloatingOp = Floating || WasFloating || FloatScalar; // `depth * 256.0`
 }
 
 // `torch::where(cond, a, b)`, `a.where(cond, b)`: the dtype the values agree

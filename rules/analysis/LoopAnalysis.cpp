@@ -795,8 +795,9 @@ bool LoopAnalysis::bodyKeepsParam(const FunctionDecl *Def, unsigned I) const {
                                                   namesAny(V->getInit(), Alias) &&
                                                   mayShareStorage(Model, V->getInit()))
           Alias.insert(V);
-    } else if (const auto *RS = dyn_cast<ReturnStmt>(S); RS && namesAny(RS->getRetValue(), Alias) &&
-                                                         mayShareStorage(Model, RS->getRetValue())) {
+    } else if (const auto *RS = dyn_cast<ReturnStmt>(S);
+               RS && namesAny(RS->getRetValue(), Alias) &&
+               mayShareStorage(Model, RS->getRetValue())) {
       return true;
     } else if (auto [L, R] = assignmentSides(S);
                R && namesAny(R, Alias) && mayShareStorage(Model, R)) {
@@ -804,9 +805,9 @@ bool LoopAnalysis::bodyKeepsParam(const FunctionDecl *Def, unsigned I) const {
       if (!V)
         return true;
       Alias.insert(V);
-    } else if (const auto *C = dyn_cast<CallExpr>(S); C && C->getDirectCallee() &&
-                                                      C->getDirectCallee()->getIdentifier() &&
-                                                      isStoreName(C->getDirectCallee()->getName())) {
+    } else if (const auto *C = dyn_cast<CallExpr>(S);
+               C && C->getDirectCallee() && C->getDirectCallee()->getIdentifier() &&
+               isStoreName(C->getDirectCallee()->getName())) {
       if (llvm::any_of(C->arguments(), [&](const Expr *A) { return namesAny(A, Alias); }))
         return true;
     } else if (isa<LambdaExpr>(S)) {

@@ -151,7 +151,8 @@ private:
   /// V is a local object no opaque call can reach (Note [Opaque calls]).
   bool privateObject(const VarDecl *V) const;
   mutable llvm::DenseMap<const FunctionDecl *, bool> FreshReturns; // returnsFresh, per function
-  mutable llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, bool> KeptParams; // bodyKeepsParam
+  // bodyKeepsParam's memo.
+  mutable llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, bool> KeptParams;
   // mayWriteArg's answers, per (function, parameter).
   mutable llvm::DenseMap<std::pair<const FunctionDecl *, unsigned>, bool> WrittenParams;
   mutable FixedLocals Fixed; // isFreshLocal's locals, in any function it reads

@@ -37,9 +37,10 @@ OverlapQuery::Kind wholeViews(const TensorFact &A, const TensorFact &B) {
 
 // Out is a whole tensor and In a slice of it with constant bounds
 // (`x.sub_(x.narrow(1, 0, 1))`, x made relative to its first row): some of
-// Out's elements, not all (sizes exceed the bounds, as nearly all do). A slice of dim 0 is dense and
-// PyTorch compares it (Partial: it throws); another leaves gaps (TooHard: the
-// result depends on the order elements are written in).
+// Out's elements, not all (sizes exceed the bounds, as nearly all do). A
+// slice of dim 0 is dense and PyTorch compares it (Partial: it throws);
+// another leaves gaps (TooHard: the result depends on the order elements are
+// written in).
 OverlapQuery wholeAndSlice(const TensorFact &Out, const TensorFact &In) {
   OverlapQuery Q;
   if (Out.Contig != TensorFact::Yes || Out.SwapA >= 0 || !In.Lo.Base.isConst() ||

@@ -80,7 +80,8 @@ void flagsSetOn(const Stmt *S, const VarDecl *V, const ASTContext &Ctx, FlagScan
   if (!S)
     return;
   if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S); MC && isBatchFirst(MC))
-    if (const auto *DRE = dyn_cast<DeclRefExpr>(MC->getImplicitObjectArgument()->IgnoreParenImpCasts());
+    if (const auto *DRE =
+            dyn_cast<DeclRefExpr>(MC->getImplicitObjectArgument()->IgnoreParenImpCasts());
         DRE && DRE->getDecl() == V)
       R.Flags.push_back(constantBool(MC->getArg(0), Ctx));
   for (const Stmt *Child : S->children())

@@ -18,9 +18,10 @@
 namespace clang::tidy::tensor {
 
 /// The module call (`lstm->forward(x)`, `lstm(x)`) of a recurrent module, or
-/// the pad_packed_sequence call, whose output (element 0 of its tuple) E is: `std::get<0>(call)`, the first
-/// binding of `auto [out, state] = call`, or `std::get<0>(res)` of a local
-/// `res` initialised with the call. Null otherwise.
+/// the pad_packed_sequence call, whose output (element 0 of its tuple) E is:
+/// `std::get<0>(call)`, the first binding of `auto [out, state] = call`, or
+/// `std::get<0>(res)` of a local `res` initialised with the call. Null
+/// otherwise.
 const CallExpr *rnnOutputCall(const Expr *E);
 
 /// The recurrent module's kind ("LSTM", "GRU", "RNN") a call of

@@ -77,7 +77,8 @@ const sem::OpInfo *TensorModel::opOf(const CallExpr *Call) const {
   const Expr *Self = selfOf(Call);
   if (!Self && Call->getNumArgs())
     Self = Call->getArg(0);
-  if (!isTensorExpr(Self) && !(FD->getNumParams() && isTensorListType(FD->getParamDecl(0)->getType())))
+  bool ListFirst = FD->getNumParams() && isTensorListType(FD->getParamDecl(0)->getType());
+  if (!isTensorExpr(Self) && !ListFirst)
     return nullptr;
   llvm::StringRef Name = rowName(Call, FD->getName());
   return sem::lookup(Name);

@@ -5,6 +5,7 @@
 
 using torch::Tensor;
 using torch::indexing::Slice;
+Tensor cropEval(const Tensor &pred); // a function the analysis cannot see
 
 // ===== positives ============================================================
 
@@ -105,6 +106,18 @@ void labelsIntoBuffer(const Tensor &labels, const Tensor &indices) {
   buf.narrow(0, 0, 4).copy_(indices.narrow(0, 0, 4));
 }
 
+// Not every op promotes for a floating scalar (ops.def TT_SCALAR_PROMOTES):
+// nan_to_num, index_fill, threshold keep an int64 self int64; an integer
+// scalar keeps the unknown dtype of a function's result.
+void scalarsThatKeepTheDType(const Tensor &pred, const Tensor &idx) {
+  auto counts = torch::zeros({4}, torch::kLong);
+  auto out = torch::empty({4}, torch::kLong);
+  out.copy_(counts.nan_to_num(0.5));
+  out.copy_(counts.index_fill(0, idx, 2.5));
+  out.copy_(torch::threshold(counts, 0.5, 0.0));
+  out.copy_(cropEval(pred) * 2);
+}
+
 void argmaxIntoLong(const Tensor &logits) {
   Tensor pred = torch::zeros({4}, torch::kLong);
   pred.copy_(logits.argmax(1));
@@ -129,13 +142,14 @@ void widening(const Tensor &x) {
   f.copy_(torch::arange(4));
 }
 
-// Scalar arithmetic names its tensor: `rois * scale` is taken as float32,
-// as `rois` is; a source whose name says it holds symbols is not.
-void quantiseRois(const torch::Tensor &rois, const torch::Tensor &text, double scale, int64_t k) {
+// Scalar arithmetic names its tensor: `rois * stride` (an integer scalar) is
+// taken as float32, as `rois` is; a source whose name says it holds symbols
+// is not. (`rois * 0.5` would be floating whatever `rois` holds.)
+void quantiseRois(const torch::Tensor &rois, const torch::Tensor &text, int64_t stride, int64_t k) {
   auto grid = torch::empty({k, 4}, torch::kLong);
-  grid.copy_(rois * scale);
+  grid.copy_(rois * stride);
   // CHECK-MESSAGES: :[[@LINE-1]]:8: warning: copy_ silently converts float32 to int64 (the destination's dtype): fractions are truncated toward zero (assuming 'rois' is float32
-  // CHECK-FIXES: grid.copy_((rois * scale).to(grid.scalar_type()));
+  // CHECK-FIXES: grid.copy_((rois * stride).to(grid.scalar_type()));
   auto padded = torch::zeros({k, 8}, torch::kLong);
   padded.narrow(1, 0, 4).copy_(text);
 }
@@ -185,7 +199,21 @@ void wholeNumbersIntoInt(const Tensor &est) {
   out.copy_(est.floor().select(1, 0));
   out.copy_(est.div(2, "floor"));
   out.copy_(est.round() * 0.5);
-  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts float32 to int32 (the destination's dtype): fractions are truncated toward zero (assuming 'est' is float32
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts floating-point to int32 (the destination's dtype): fractions are truncated toward zero; make
+}
+
+// A floating scalar makes the result floating whatever the input's dtype
+// (ops.def TT_SCALAR_PROMOTES): `int64 * 0.5` is float32. No default needed.
+struct ServoConfig {
+  double ticks_per_unit = 2048.0;
+};
+void storeScaled(const Tensor &pred, const Tensor &action, const ServoConfig &cfg) {
+  auto png = torch::empty({4, 4}, torch::kInt32);
+  png.copy_(cropEval(pred)[0] * 256.0);
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts floating-point to int32 (the destination's dtype): fractions are truncated toward zero; make the conversion explicit with '(cropEval(pred)[0] * 256.0).to(png.scalar_type())' [tensor-copy-narrowing]
+  auto ticks = torch::zeros({3}, torch::kInt);
+  ticks.copy_(action.cpu() * cfg.ticks_per_unit);
+  // CHECK-MESSAGES: :[[@LINE-1]]:9: warning: copy_ silently converts floating-point to int32 (the destination's dtype): fractions are truncated toward zero; make the conversion explicit with '(action.cpu() * cfg.ticks_per_unit).to(ticks.scalar_type())' [tensor-copy-narrowing]
 }
 
 // clamp, relu, abs, neg keep whole numbers whole (ops.def TT_KEEPS_WHOLE)
@@ -196,9 +224,9 @@ void wholeNumbersIntoBytes(const Tensor &img) {
   out.copy_((img * 255.0).round().clamp(0.0, 255.0));
   out.copy_((img * 255.0).floor().relu());
   out.copy_((img * 255.0).round().clamp(0.5, 254.5));
-  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts float32 to uint8 (the destination's dtype): fractions are truncated toward zero (assuming 'img' is float32
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts floating-point to uint8 (the destination's dtype): fractions are truncated toward zero; make
   out.copy_((img * 255.0).clamp(0, 255));
-  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts float32 to uint8 (the destination's dtype): fractions are truncated toward zero (assuming 'img' is float32
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: copy_ silently converts floating-point to uint8 (the destination's dtype): fractions are truncated toward zero; make
 }
 
 // A member every value of which its class makes with one dtype has it.

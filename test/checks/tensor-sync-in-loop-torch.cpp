@@ -548,3 +548,43 @@ float chosenDeviceLoss(const std::vector<torch::Tensor> &xs, torch::Device devic
   }
   return total;
 }
+
+// A module of the user's class that every move in the file sends to CUDA
+// computes there whatever its input (a host input would throw first): here
+// the batch comes out of a lambda run on the spot. A class moved to the host
+// as well as to CUDA (Encoder below) is not decided.
+struct DenoiserImpl : torch::nn::Module {
+  torch::nn::Conv2d conv{nullptr};
+  DenoiserImpl() { conv = register_module("conv", torch::nn::Conv2d(3, 3, 3)); }
+  torch::Tensor forward(const torch::Tensor &x) { return conv(x); }
+};
+TORCH_MODULE(Denoiser);
+struct EncoderImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  EncoderImpl() { fc = register_module("fc", torch::nn::Linear(8, 8)); }
+  torch::Tensor forward(const torch::Tensor &x) { return fc(x); }
+};
+TORCH_MODULE(Encoder);
+struct NoisyPair {
+  torch::Tensor noisy, clean;
+};
+NoisyPair degrade(const torch::Tensor &x);
+double trainDenoiser(const torch::Tensor &data, Encoder &enc, const torch::Tensor &feats) {
+  const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  Denoiser net;
+  net->to(device);
+  enc->to(device);
+  double running = 0, enc_total = 0;
+  for (int step = 0; step < 100; ++step) {
+    auto pair = [&] {
+      torch::NoGradGuard no_grad;
+      return degrade(data.to(device));
+    }();
+    auto loss = torch::l1_loss(net(pair.noisy), pair.clean);
+    running += loss.item<double>();
+    // CHECK-MESSAGES: :[[@LINE-1]]:21: warning: 'item' of 'loss' (on CUDA whenever cuda::is_available()) copies it to the host
+    enc_total += enc(feats).sum().item<double>();
+  }
+  enc->to(torch::kCPU);
+  return running + enc_total;
+}

@@ -428,3 +428,21 @@ torch::Tensor moduloBatch(const std::vector<torch::Tensor> &data, int64_t step) 
   return batch.narrow(1, 1, 4).view(-1);
   // CHECK-MESSAGES: :[[@LINE-1]]:32: warning: 'view' on the non-contiguous result of 'narrow' throws at run time unless the dimensions it merges have size 1 (assuming the result of 'data[step % data.size()]' is contiguous
 }
+
+// A slice with a step of 1 is a narrow: `tokens.slice(1, 1)` drops the class
+// token and merging the batch with the rest throws; a slice with a step
+// changes the stride (not followed), one along dim 0 stays contiguous.
+torch::Tensor patchTokens(const torch::Tensor &tokens) {
+  auto flat0 = tokens.slice(0, 1).view({-1, tokens.size(2)});
+  auto stepped = tokens.slice(1, 1, tokens.size(1), 2);
+  return tokens.slice(1, 1).view({-1, tokens.size(2)}) + flat0.sum() + stepped.sum();
+  // CHECK-MESSAGES: :[[@LINE-1]]:29: warning: 'view' on the non-contiguous result of 'slice' throws at run time unless the dimensions it merges have size 1 (assuming 'tokens' is contiguous, as nearly all tensors are, and has 3 or more dimensions
+}
+
+// An elementwise op on a narrow orders its result's dims as the narrow's
+// strides do: contiguous, so its transpose is not (Note [dense results]).
+torch::Tensor readyHop(const torch::Tensor &pending, const torch::Tensor &weights, int64_t hop) {
+  auto ready = pending.narrow(2, 1, hop) / weights.narrow(0, 1, hop).clamp_min(1e-6);
+  return ready.select(0, 0).t().view({-1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:33: warning: 'view' on the non-contiguous result of 't' throws at run time unless the dimensions it merges have size 1
+}

@@ -531,7 +531,8 @@ void Verifier::runProgram(Program &P, Variant *V, const std::string &Exe) {
 #else
   unsigned Limit = MemoryMB;
 #endif
-  RunResult R = execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, Limit);
+  RunResult R =
+      execute(Args, "", ArrayRef<StringRef>(Env), StdinPath, Scratch, Tag, Timeout, Limit);
   Trace T = Trace::load(TracePath, P.Dir);
   (V ? V->Run : P.OrigRun) = std::move(R);
   (V ? V->T : P.OrigTrace) = std::move(T);

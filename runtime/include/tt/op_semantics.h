@@ -201,6 +201,18 @@ inline constexpr std::string_view kKeepsWhole[] = {
 
 constexpr bool keepsWhole(std::string_view name) { return inList(kKeepsWhole, name); }
 
+// ops.def's TT_SCALAR_PROMOTES section: a floating scalar operand makes the
+// result floating whatever self's dtype.
+inline constexpr std::string_view kScalarPromotes[] = {
+#define TT_OP(Name, S, L, A)
+#define TT_SCALAR_PROMOTES(Name) #Name,
+#include "tt/ops.def"
+#undef TT_SCALAR_PROMOTES
+#undef TT_OP
+};
+
+constexpr bool scalarPromotes(std::string_view name) { return inList(kScalarPromotes, name); }
+
 // Every method whose name ends in '_' (but not "__") writes self in place, by
 // the PyTorch naming convention, even when it is not in the table.
 constexpr bool isInPlaceName(std::string_view name) {
