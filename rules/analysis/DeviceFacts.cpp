@@ -595,11 +595,14 @@ DeviceKnown DeviceFacts::ofMovedModule(const CallExpr *C) {
   const Expr *M = calledModule(C);
   const auto *V = dyn_cast_or_null<VarDecl>(M ? moduleDecl(M) : nullptr);
   const CXXRecordDecl *RD = V && V->isLocalVarDecl() ? userModuleClass(V->getType()) : nullptr;
+  if (!RD || !Fn)
+    return DeviceKnown::Unknown;
+  if (auto It = MovedLocals.find(V); It != MovedLocals.end())
+    return It->second; // one walk of the body per module, not per call
   llvm::SmallVector<const CallExpr *, 2> Moves;
-  if (RD && Fn)
-    movesOf(Fn->getBody(), V, Moves);
-  return Moves.empty() ? DeviceKnown::Unknown
-                       : AnalysisManager::get(Model, Ctx).moduleDevice(RD);
+  movesOf(Fn->getBody(), V, Moves);
+  return MovedLocals[V] = Moves.empty() ? DeviceKnown::Unknown
+                                        : AnalysisManager::get(Model, Ctx).moduleDevice(RD);
 }
 
 DeviceKnown DeviceFacts::cudaModuleMember(const Expr *E, unsigned Depth) {

@@ -152,6 +152,7 @@ private:
   llvm::DenseMap<VarKey, DeviceKnown> ParamKnown; // ofParam's answers
   llvm::DenseMap<const FunctionDecl *, bool> HostMovers;
   llvm::DenseMap<const FieldDecl *, DeviceKnown> ModuleMembers;
+  llvm::DenseMap<const VarDecl *, DeviceKnown> MovedLocals; // ofMovedModule's memo
   llvm::DenseMap<const FieldDecl *, bool> HostMembers; // hostMember's answers
   llvm::DenseMap<const FieldDecl *, bool> HostFields;  // hostField's answers
 };

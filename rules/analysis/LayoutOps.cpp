@@ -1482,9 +1482,9 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
   if (C.Op->storage == sem::Storage::Fresh)
     R.Src = C.Call;
   denseLike(R, C.Call);
-  // A self whose strides are in order (a narrow) orders the result's dims as
-  // a contiguous one would: `x.narrow(2, 0, h) / w` is contiguous.
-  const TensorFact Dense = R;
+  // R is now self made dense: a self whose strides are in order (a narrow)
+  // orders the result's dims as a contiguous one would, `x.narrow(2, 1, h) /
+  // w` is contiguous. combineDevice below changes only R's device.
   std::optional<TensorFact> Mixed;
   for (const Expr *A : C.Args) {
     if (!Model.isTensorExpr(A))
@@ -1493,8 +1493,8 @@ TensorFact LayoutAnalysis::Impl::elementwise(const OpCall &C) {
     combineDevice(R, C.Self, O);
     bool Same = O.Sizes && C.Self.Sizes && *O.Sizes == *C.Self.Sizes &&
                 *O.Strides == *C.Self.Strides;
-    if (!Mixed && !Same && !selfDecidesUnranked(Dense, O))
-      Mixed = mixedLayout(Dense, O);
+    if (!Mixed && !Same && !selfDecidesUnranked(R, O))
+      Mixed = mixedLayout(R, O);
   }
   if (!Mixed)
     return R;
