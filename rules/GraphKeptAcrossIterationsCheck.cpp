@@ -194,6 +194,30 @@ Finding keptFinding(StringRef Check, const Accumulation &A, bool Fixed, const So
   return F;
 }
 
+// `loss.backward(); ... total += loss` in one loop: the graph the value holds
+// was differentiated and freed (no retain_graph), so whatever the state
+// becomes, no caller can differentiate it again.
+bool backwardedIn(const Expr *Value, const Stmt *Loop) {
+  const auto *V = dyn_cast<DeclRefExpr>(stripHandle(Value));
+  if (!V || !Loop)
+    return false;
+  llvm::SmallVector<const Stmt *, 32> Work{Loop};
+  while (!Work.empty()) {
+    const Stmt *S = Work.pop_back_val();
+    if (!S || isa<LambdaExpr>(S))
+      continue;
+    if (const auto *MC = dyn_cast<CXXMemberCallExpr>(S);
+        MC && MC->getMethodDecl() && MC->getMethodDecl()->getIdentifier() &&
+        MC->getMethodDecl()->getName() == "backward" &&
+        llvm::all_of(MC->arguments(), [](const Expr *A) { return isa<CXXDefaultArgExpr>(A); }))
+      if (const auto *O = dyn_cast<DeclRefExpr>(stripHandle(MC->getImplicitObjectArgument()));
+          O && O->getDecl() == V->getDecl())
+        return true;
+    Work.append(S->child_begin(), S->child_end());
+  }
+  return false;
+}
+
 } // namespace
 
 void GraphKeptAcrossIterationsCheck::check(const MatchFinder::MatchResult &Result) {
@@ -211,7 +235,8 @@ void GraphKeptAcrossIterationsCheck::check(const MatchFinder::MatchResult &Resul
       (A->Key && LA->isInvariant(A->Key, Loop)))
     return;
   KeptValueFlow Flow(Model, Ctx);
-  if (!Flow.holdsGraphAt(A->Value, A->Site) || Flow.mayBeDifferentiated(A->Target, A->Site) ||
+  if (!Flow.holdsGraphAt(A->Value, A->Site) ||
+      Flow.mayBeDifferentiated(A->Target, A->Site, backwardedIn(A->Value, Loop)) ||
       !Reported.first(siteLoc(A->Site)))
     return;
   auto Fix = detachFix(A->Value, Ctx);

@@ -155,11 +155,37 @@ bool callsStepLoop(const Stmt *S) {
   return Def && !isTensorLibraryCode(Def) && hasStepLoop(Def->getBody());
 }
 
-// S makes a step outside lambdas and nested loops: a training step itself.
-bool makesStepItself(const Stmt *S) {
+// A call of backward() or an optimizer's step(): training.
+bool isTrainingStep(const Stmt *S) {
+  const auto *Call = dyn_cast<CallExpr>(S);
+  const auto *MD = Call ? dyn_cast_or_null<CXXMethodDecl>(Call->getDirectCallee()) : nullptr;
+  return MD && MD->getIdentifier() && llvm::is_contained({"backward", "step"}, MD->getName());
+}
+
+// S makes a step (Training: trains) outside lambdas and nested loops.
+bool makesStepItself(const Stmt *S, bool Training) {
   if (!S || isa<LambdaExpr>(S) || isLoop(S))
     return false;
-  return isStep(S) || llvm::any_of(S->children(), makesStepItself);
+  if (Training ? isTrainingStep(S) : isStep(S))
+    return true;
+  return llvm::any_of(S->children(), [&](const Stmt *C) { return makesStepItself(C, Training); });
+}
+
+// S holds a loop that trains, outside lambdas.
+bool hasTrainingLoop(const Stmt *S) {
+  if (!S || isa<LambdaExpr>(S))
+    return false;
+  if (isLoop(S) && makesStepItself(loopBody(S), true))
+    return true;
+  return llvm::any_of(S->children(), hasTrainingLoop);
+}
+
+// Call runs a function of the TU that trains in a loop (an epoch helper).
+bool callsTrainingLoop(const Stmt *S) {
+  const auto *Call = dyn_cast<CallExpr>(S);
+  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
+  const FunctionDecl *Def = FD ? FD->getDefinition() : nullptr;
+  return Def && !isTensorLibraryCode(Def) && hasTrainingLoop(Def->getBody());
 }
 
 // Loop runs a pass loop beside the sync (`for (epoch) { for (batch) {...}
@@ -167,7 +193,8 @@ bool makesStepItself(const Stmt *S) {
 // function it calls (a tiled inference per image, a solver per chunk): the
 // sync waits once per pass over the data, not per step.
 bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
-  bool OwnSteps = makesStepItself(loopBody(Loop));
+  bool OwnSteps = makesStepItself(loopBody(Loop), false);
+  bool OwnTraining = makesStepItself(loopBody(Loop), true);
   llvm::SmallVector<const Stmt *, 32> Work{loopBody(Loop)};
   while (!Work.empty()) {
     const Stmt *S = Work.pop_back_val();
@@ -178,8 +205,9 @@ bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
         return true;
       continue;
     }
-    if (!OwnSteps && isa<CallExpr>(S) && callsStepLoop(S) && !contains(S, Sync))
-      return true;
+    if (isa<CallExpr>(S) && !contains(S, Sync) &&
+        ((!OwnSteps && callsStepLoop(S)) || (!OwnTraining && callsTrainingLoop(S))))
+      return true; // an epoch helper beside an evaluation forward counts too
     Work.append(S->child_begin(), S->child_end());
   }
   return false;

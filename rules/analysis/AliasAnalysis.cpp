@@ -300,11 +300,15 @@ private:
     unsigned N;
     bool A, D;
     AliasEdge FA, FD;
+    AliasEdge Last; // the edge crossed into N
   };
   void findRoot(WriteEvent &W) const;
   void buildChildren();
-  void walkDerivations(unsigned Start, bool ViaCopy, FunctionSummary &Sum,
-                       std::vector<uint8_t> &Seen, std::vector<Reach> &Reached);
+  using EdgeFilter = llvm::function_ref<bool(const AliasEdge &)>;
+  void walkDerivations(unsigned Start, bool ViaCopy, EdgeFilter LiveFromStart,
+                       FunctionSummary &Sum, std::vector<uint8_t> &Seen,
+                       std::vector<Reach> &Reached);
+  bool heldAnewSince(const ValueDecl *D, unsigned N, const Stmt *EdgeSite, const Stmt *Write);
   void collectAffected(WriteEvent &W, const State &S, unsigned Block, unsigned Index,
                        const std::vector<uint8_t> &Seen, const std::vector<Reach> &Reached);
   const Stmt *laterRead(const VarDecl *V, unsigned Block, unsigned Index) const;
@@ -313,6 +317,7 @@ private:
   template <typename ReadFn>
   const Stmt *firstLater(unsigned Block, unsigned Index, const VarDecl *V, ReadFn Read) const;
   bool mayRunBefore(const Stmt *Site, unsigned Block, unsigned Index);
+  const std::pair<unsigned, unsigned> *positionOf(const Stmt *St);
   const CFGBlock *blockWithId(unsigned Id) const;
   void collectNonReads();
 
@@ -693,18 +698,24 @@ const CFGBlock *FunctionAnalyzer::blockWithId(unsigned Id) const {
   return nullptr;
 }
 
-// Whether Site (where a node escaped) may run before element Index of Block
-// on some path; true when Site is not an element of the CFG.
-bool FunctionAnalyzer::mayRunBefore(const Stmt *Site, unsigned Block, unsigned Index) {
+// Where St is an element of the CFG (block, index), or null.
+const std::pair<unsigned, unsigned> *FunctionAnalyzer::positionOf(const Stmt *St) {
   if (Positions.empty())
     for (const CFGBlock *B : *Cfg)
       for (unsigned I = 0; I < B->size(); ++I)
         if (auto CS = (*B)[I].getAs<CFGStmt>())
           Positions.try_emplace(CS->getStmt(), B->getBlockID(), I);
-  auto It = Positions.find(Site);
-  if (It == Positions.end())
+  auto It = Positions.find(St);
+  return It == Positions.end() ? nullptr : &It->second;
+}
+
+// Whether Site (where a node escaped) may run before element Index of Block
+// on some path; true when Site is not an element of the CFG.
+bool FunctionAnalyzer::mayRunBefore(const Stmt *Site, unsigned Block, unsigned Index) {
+  const auto *Pos = positionOf(Site);
+  if (!Pos)
     return true;
-  auto [SiteBlock, SiteIndex] = It->second;
+  auto [SiteBlock, SiteIndex] = *Pos;
   if (SiteBlock == Block && SiteIndex < Index)
     return true;
   llvm::SmallVector<const CFGBlock *, 16> Work{blockWithId(SiteBlock)};
@@ -777,8 +788,9 @@ void FunctionAnalyzer::buildChildren() {
 // detach. ViaCopy: the write lands on a copy a callee makes of Start's
 // handle, so it writes no parameter itself (a helper passing its parameter
 // on to such a callee writes only a copy too).
-void FunctionAnalyzer::walkDerivations(unsigned Start, bool ViaCopy, FunctionSummary &Sum,
-                                       std::vector<uint8_t> &Seen, std::vector<Reach> &Reached) {
+void FunctionAnalyzer::walkDerivations(unsigned Start, bool ViaCopy, EdgeFilter LiveFromStart,
+                                       FunctionSummary &Sum, std::vector<uint8_t> &Seen,
+                                       std::vector<Reach> &Reached) {
   Seen.assign(Nodes.size(), 0);
   std::deque<Reach> Work;
   auto Push = [&](Reach I) {
@@ -791,6 +803,7 @@ void FunctionAnalyzer::walkDerivations(unsigned Start, bool ViaCopy, FunctionSum
   Push({Start, false, false, {}, {}});
   auto Cross = [](Reach I, unsigned To, const AliasEdge &E) {
     I.N = To;
+    I.Last = E;
     if (E.Kind == EdgeKind::Copy || E.Kind == EdgeKind::MayAlias) {
       if (!I.A)
         I.FA = E;
@@ -818,6 +831,8 @@ void FunctionAnalyzer::walkDerivations(unsigned Start, bool ViaCopy, FunctionSum
       const AliasEdge &E = Nodes[C].Parents[EI];
       if (E.Kind == EdgeKind::Detach || E.Kind == EdgeKind::Data)
         continue; // writing the source of a detach is what detach is for
+      if (I.N == Start && !LiveFromStart(E))
+        continue;
       Push(Cross(I, C, E));
     }
   }
@@ -870,7 +885,7 @@ void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned B
         if (!First)
           First = I;
       }
-      if (!All || !First)
+      if (!All || !First || (NS.size() == 1 && heldAnewSince(V, NS[0], First->Last.Site, W.Write)))
         continue;
       if (const Stmt *Read = laterRead(V, Block, Index))
         Add(V, Exposure::ReadLater, Read, *First);
@@ -902,6 +917,25 @@ void FunctionAnalyzer::collectAffected(WriteEvent &W, const State &S, unsigned B
   }
 }
 
+// Note [Recency of a loop's handle]: one node stands for every instance its
+// site makes, but a handle holds only the newest. A handle V holding fresh
+// storage N (no parents: made by an op, not copied from a handle) that is
+// redefined on every path from the site of a derivation edge at N to the
+// write holds an instance made after that edge: the edge related an older
+// one. `auto x_euler = x_hat.clone(); x_euler.add_(...)` in a loop does not
+// reach last iteration's `x_next = x_euler`; `x_cur.add_(1)` does not reach
+// an `x_next` reassigned by `x_next = x_cur * 2` since `auto x_cur = x_next`.
+// A handle copy (`auto v = state;`) has a parent: the same storage each time.
+bool FunctionAnalyzer::heldAnewSince(const ValueDecl *D, unsigned N, const Stmt *EdgeSite,
+                                     const Stmt *Write) {
+  const auto *V = dyn_cast_or_null<VarDecl>(D);
+  if (!V || !isTracked(V) || !EdgeSite || !Nodes[N].Parents.empty() || Nodes[N].Ext)
+    return false;
+  const auto *Pos = positionOf(EdgeSite);
+  return Pos && !firstLater(Pos->first, Pos->second, V,
+                            [&](const Stmt *St) { return St == Write ? St : nullptr; });
+}
+
 // W names the write, its target and the callee it goes through, if any.
 bool FunctionAnalyzer::recordWrite(WriteEvent W, const State &S, unsigned Block, unsigned Index,
                                    FunctionAliasResult &R, FunctionSummary &Sum) {
@@ -912,7 +946,12 @@ bool FunctionAnalyzer::recordWrite(WriteEvent W, const State &S, unsigned Block,
   buildChildren();
   std::vector<uint8_t> Seen;
   std::vector<Reach> Reached;
-  walkDerivations(Start[0], W.ViaCopyOnly, Sum, Seen, Reached);
+  walkDerivations(
+      Start[0], W.ViaCopyOnly,
+      [&](const AliasEdge &E) {
+        return !W.Direct || !heldAnewSince(W.RootDecl, Start[0], E.Site, W.Write);
+      },
+      Sum, Seen, Reached);
   if (Reached.empty())
     return false;
   collectAffected(W, S, Block, Index, Seen, Reached);

@@ -484,9 +484,13 @@ DeviceKnown DeviceFacts::ofListArgument(const Expr *A, unsigned Depth) {
 DeviceKnown DeviceFacts::ofFactory(const CallExpr *C, unsigned Depth) {
   StringRef N = calleeName(C);
   if (N.ends_with("_like") && C->getNumArgs()) {
-    for (const Expr *A : llvm::drop_begin(C->arguments()))
-      if (isDeviceLikeType(A->getType()) && !isa<CXXDefaultArgExpr>(A))
+    for (const Expr *A : llvm::drop_begin(C->arguments())) {
+      // `empty_like(x, torch::kLong)`: options made from a dtype name no device.
+      const auto *CE = dyn_cast<CXXConstructExpr>(stripHandle(A)->IgnoreImplicit());
+      bool DTypeOnly = CE && CE->getNumArgs() && namesNoDevice(CE->getArg(0)->getType());
+      if (isDeviceLikeType(A->getType()) && !isa<CXXDefaultArgExpr>(A) && !DTypeOnly)
         return DeviceKnown::Unknown; // a device of its own: rare, not followed
+    }
     return deviceOf(C->getArg(0), Depth);
   }
   for (const Expr *A : C->arguments())

@@ -255,6 +255,16 @@ const Expr *passedTensor(const Expr *E, const TensorModel &Model) {
   return nullptr;
 }
 
+// A vector of tensors passed whole (`torch::stack(out.kls, 1)`, `helper(kls)`),
+// through the conversion to a tensor list: its elements' facts are its own.
+static const Expr *passedVector(const Expr *E, const TensorModel &Model) {
+  E = E->IgnoreImplicit();
+  if (const auto *CE = dyn_cast<CXXConstructExpr>(E); CE && CE->getNumArgs() == 1)
+    E = CE->getArg(0)->IgnoreImplicit();
+  E = E->IgnoreParenImpCasts();
+  return isa<MemberExpr, DeclRefExpr>(E) && Model.isTensorVectorType(E->getType()) ? E : nullptr;
+}
+
 // --- the dataflow domain -------------------------------------------------------------------
 
 struct GradFacts::Impl {
@@ -414,6 +424,8 @@ GradFact GradFacts::Impl::combineInputs(const CallExpr *Call, const State &St) c
   for (const Expr *Passed : Ins) {
     const Expr *In = passedTensor(Passed, Model);
     if (!In)
+      In = passedVector(Passed, Model);
+    if (!In)
       continue;
     Any = true;
     GradFact F = eval(In, St);
@@ -445,7 +457,13 @@ GradFact GradFacts::Impl::evalCalleeResult(const CallExpr *Call, const State &St
     const Expr *In = passedTensor(Arg, Model);
     if (!In && Model.isTensorStruct(Arg->getType())) // a module's result struct
       In = Arg;
-    if (In && eval(In, St).requiresGrad() == Tri::Yes && G.Callees(FD, I) == Tri::Yes)
+    if (!In)
+      In = passedVector(Arg, Model);
+    bool Yes = In && eval(In, St).requiresGrad() == Tri::Yes;
+    if (!In) // `helper({out.recon})`
+      for (const Expr *B : bracedElements(Arg))
+        Yes |= eval(B, St).requiresGrad() == Tri::Yes;
+    if (Yes && G.Callees(FD, I) == Tri::Yes)
       return {GradKind::NonLeaf, Call};
   }
   return {};

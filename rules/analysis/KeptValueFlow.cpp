@@ -175,9 +175,62 @@ void bodiesOf(const ValueDecl *Root, const Stmt *At, ASTContext &Ctx,
 
 } // namespace
 
-bool KeptValueFlow::mayBeDifferentiated(const Expr *Target, const Stmt *At) const {
-  const ValueDecl *Root = stateRoot(Target);
+// E is the state Root itself, or a braced list or tuple of values each of
+// which is Root or unrelated to it.
+static bool handsOver(const Expr *E, const ValueDecl *Root,
+                      const llvm::DenseSet<const ValueDecl *> &Derived) {
+  E = E->IgnoreImplicit()->IgnoreParens();
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(E))
+    return DRE->getDecl() == Root || !Derived.contains(DRE->getDecl());
+  llvm::ArrayRef<const Expr *> Parts;
+  if (const auto *IL = dyn_cast<InitListExpr>(E))
+    Parts = llvm::ArrayRef(IL->getInits(), IL->getNumInits());
+  else if (const auto *CE = dyn_cast<CXXConstructExpr>(E))
+    Parts = llvm::ArrayRef(CE->getArgs(), CE->getNumArgs());
+  else {
+    llvm::SmallVector<const ValueDecl *, 8> Refs;
+    refsOf(E, Refs);
+    return llvm::none_of(Refs, [&](auto *D) { return Derived.contains(D); });
+  }
+  return llvm::all_of(Parts, [&](const Expr *P) { return handsOver(P, Root, Derived); });
+}
+
+// The local a call's result initialises (`auto history = train(...)`), with
+// Discarded set when the result is dropped; null for any other use.
+static const VarDecl *resultVariable(const CallExpr *Call, ASTContext &Ctx, bool &Discarded) {
+  DynTypedNode N = DynTypedNode::create(*Call);
+  for (unsigned Hops = 0; Hops < 8; ++Hops) {
+    auto Parents = Ctx.getParents(N);
+    if (Parents.size() != 1)
+      return nullptr;
+    N = Parents[0];
+    if (const auto *E = N.get<Expr>();
+        E && (isa<ImplicitCastExpr, ExprWithCleanups, MaterializeTemporaryExpr,
+                  CXXBindTemporaryExpr>(E) ||
+              (isa<CXXConstructExpr>(E) && cast<CXXConstructExpr>(E)->getNumArgs() == 1)))
+      continue;
+    Discarded = N.get<CompoundStmt>() != nullptr;
+    const auto *V = N.get<VarDecl>();
+    return V && !V->getType()->isReferenceType() ? V : nullptr;
+  }
+  return nullptr;
+}
+
+bool KeptValueFlow::mayBeDifferentiated(const Expr *Target, const Stmt *At,
+                                        bool Consumed) const {
+  return differentiable(stateRoot(Target), At, 0, nullptr, Consumed);
+}
+
+// Note [Kept state across calls]: a reference parameter's state is the
+// caller's variable, and a returned value the variable its call initialises;
+// both are followed into the callers the main file has (CallSites), a few
+// calls deep. A function called from nowhere we see may be differentiated.
+bool KeptValueFlow::differentiable(const ValueDecl *Root, const Stmt *At, unsigned Depth,
+                                   const CallExpr *From, bool Consumed) const {
   const auto *V = dyn_cast_or_null<VarDecl>(Root);
+  if (const auto *P = dyn_cast_or_null<ParmVarDecl>(V);
+      P && P->getType()->isReferenceType() && Depth < kMaxCallerHops)
+    return callersMayDifferentiate(P, Depth);
   if (!Root || V && (!V->hasLocalStorage() || V->getType()->isReferenceType() ||
                      V->getType()->isPointerType()))
     return true; // state the caller or other code can see
@@ -187,6 +240,9 @@ bool KeptValueFlow::mayBeDifferentiated(const Expr *Target, const Stmt *At) cons
   for (const Stmt *B : Bodies)
     F.TraverseStmt(const_cast<Stmt *>(B));
   llvm::DenseSet<const ValueDecl *> Derived{Root};
+  if (const auto *DD = dyn_cast<DecompositionDecl>(Root)) // `auto [zs, logdet] = net(x)`
+    for (const BindingDecl *B : DD->bindings())
+      Derived.insert(B);
   for (bool Changed = true; Changed;) {
     Changed = false;
     for (const auto &[From, To] : F.Edges) {
@@ -201,7 +257,46 @@ bool KeptValueFlow::mayBeDifferentiated(const Expr *Target, const Stmt *At) cons
     refsOf(S, Refs);
     return llvm::any_of(Refs, [&](auto *D) { return Derived.contains(D); });
   };
-  return llvm::any_of(F.Sinks, Reaches) || (!F.SawEval && llvm::any_of(F.Returns, Reaches));
+  // The call we came from hands the state to the callee just followed.
+  auto Sink = [&](const Stmt *S) {
+    return Reaches(S) && !(From && llvm::is_contained(From->arguments(), S));
+  };
+  if (llvm::any_of(F.Sinks, Sink))
+    return true;
+  // A value computed from the state (`return torch::stack(steps, 1);`) is the
+  // caller's to differentiate or not: only state handed over as it is
+  // (`return curve;`, `return {out, hids};`) is followed into the callers.
+  return !F.SawEval && llvm::any_of(F.Returns, [&](const Stmt *R) {
+    return Reaches(R) &&
+           (isa<FieldDecl>(Root) || (!Consumed && !handsOver(cast<Expr>(R), Root, Derived)) ||
+            callersMayUseResult(At, Depth));
+  });
+}
+
+
+bool KeptValueFlow::callersMayDifferentiate(const ParmVarDecl *P, unsigned Depth) const {
+  const auto *FD = dyn_cast<FunctionDecl>(P->getDeclContext());
+  auto Sites = FD ? AnalysisManager::get(Model, Ctx).calls().of(FD) : std::nullopt;
+  if (!Sites || Sites->empty())
+    return true;
+  unsigned I = P->getFunctionScopeIndex();
+  return llvm::any_of(*Sites, [&](const CallSites::Site &S) {
+    return isa<CXXOperatorCallExpr>(S.Call) || I >= S.Call->getNumArgs() ||
+           differentiable(stateRoot(S.Call->getArg(I)), S.Call, Depth + 1, S.Call);
+  });
+}
+
+bool KeptValueFlow::callersMayUseResult(const Stmt *At, unsigned Depth) const {
+  const FunctionDecl *FD = enclosingFunction(At, Ctx);
+  auto Sites = FD && Depth < kMaxCallerHops ? AnalysisManager::get(Model, Ctx).calls().of(FD)
+                                            : std::nullopt;
+  if (!Sites || Sites->empty())
+    return true;
+  return llvm::any_of(*Sites, [&](const CallSites::Site &S) {
+    bool Discarded = false;
+    const VarDecl *V = resultVariable(S.Call, Ctx, Discarded);
+    return V ? differentiable(V, S.Call, Depth + 1) : !Discarded;
+  });
 }
 
 } // namespace clang::tidy::tensor

@@ -37,10 +37,20 @@ public:
   /// differentiated: it reaches backward()/autograd::grad, a return of a
   /// type that holds tensors (outside eval mode), code outside the tensor
   /// libraries, a lambda, or state we cannot see (globals, reference
-  /// parameters). Members are followed through every method of their class.
-  bool mayBeDifferentiated(const Expr *Target, const Stmt *At) const;
+  /// parameters). Members are followed through every method of their class;
+  /// reference parameters and returned values into the TU's callers.
+  /// Consumed: the value kept was differentiated already (its graph freed):
+  /// a value computed from the state and returned is then followed into the
+  /// callers too.
+  bool mayBeDifferentiated(const Expr *Target, const Stmt *At, bool Consumed = false) const;
 
 private:
+  static constexpr unsigned kMaxCallerHops = 3;
+  bool differentiable(const ValueDecl *Root, const Stmt *At, unsigned Depth,
+                      const CallExpr *From = nullptr, bool Consumed = false) const;
+  bool callersMayDifferentiate(const ParmVarDecl *P, unsigned Depth) const;
+  bool callersMayUseResult(const Stmt *At, unsigned Depth) const;
+
   const TensorModel &Model;
   ASTContext &Ctx;
 };

@@ -29,7 +29,8 @@ bool TensorFact::operator==(const TensorFact &O) const {
          Throws == O.Throws && FloatingOp == O.FloatingOp &&
          WholeValues == O.WholeValues && SwapA == O.SwapA && Matrix == O.Matrix &&
          SwapB == O.SwapB && UnitDims == O.UnitDims && NarrowDim == O.NarrowDim &&
-         NarrowLen == O.NarrowLen && MinChunks == O.MinChunks && Src == O.Src &&
+         NarrowLen == O.NarrowLen && NarrowMayBeWhole == O.NarrowMayBeWhole &&
+         MinChunks == O.MinChunks && Src == O.Src &&
          Origin == O.Origin && OriginLoc == O.OriginLoc && Broadcast == O.Broadcast &&
          BroadcastAssumed == O.BroadcastAssumed && ExpandCall == O.ExpandCall && Root == O.Root &&
          SliceDim == O.SliceDim && Lo == O.Lo && Hi == O.Hi;
@@ -1506,13 +1507,46 @@ static bool plainDefaultFactory(const CallExpr *Call, llvm::StringRef Name) {
   return Given == 1 && llvm::is_contained({"zeros", "ones", "empty", "rand", "randn"}, Name);
 }
 
+// The call that made a member's value: through `register_buffer(name, v)`
+// and through methods whose result has self's dtype given integers or a
+// device only (`ones({n, n}, kBool).triu(1)`, `.to(device)`).
+const CallExpr *LayoutAnalysis::Impl::madeBy(const Expr *V) const {
+  const auto *Call = dyn_cast_or_null<CallExpr>(stripHandle(V));
+  for (unsigned Hops = 0; Call && Hops < 8; ++Hops) {
+    const FunctionDecl *FD = Call->getDirectCallee();
+    StringRef N = FD && FD->getIdentifier() ? FD->getName() : "";
+    const Expr *Next = nullptr;
+    const auto *MC = dyn_cast<CXXMemberCallExpr>(Call);
+    if ((N == "register_buffer" || N == "register_parameter") && Call->getNumArgs() >= 2) {
+      Next = Call->getArg(1);
+    } else if (MC && isTensorApi(FD) && Model.isTensorExpr(MC->getImplicitObjectArgument())) {
+      sem::ResultDType Rule = sem::resultDType(Model.rowName(Call, N));
+      bool Plain = llvm::all_of(Call->arguments(), [](const Expr *A) {
+        // `to(device)` converts the device to options.
+        const auto *CE = dyn_cast<CXXConstructExpr>(stripHandle(A)->IgnoreImplicit());
+        if (CE && CE->getNumArgs() == 1 && isTensorOptionsType(CE->getType()))
+          A = CE->getArg(0);
+        QualType T = A->getType().getNonReferenceType();
+        return isa<CXXDefaultArgExpr>(A) || T->isIntegralOrEnumerationType() ||
+               (isDeviceLikeType(T) && !isTensorOptionsType(T));
+      });
+      if ((Rule == sem::ResultDType::Self || Rule == sem::ResultDType::Own) && Plain)
+        Next = MC->getImplicitObjectArgument();
+    }
+    if (!Next)
+      break;
+    Call = dyn_cast<CallExpr>(stripHandle(Next));
+  }
+  return Call;
+}
+
 DTypeName LayoutAnalysis::Impl::madeDType(const FieldDecl *F) {
   DTypeName Found;
   llvm::SmallVector<const Expr *, 4> Values = valuesOfField(F);
   if (classes().Sites && !classes().Sites->addFieldWrites(F, Values))
     return {};
   for (const Expr *V : Values) {
-    const auto *Call = dyn_cast<CallExpr>(stripHandle(V));
+    const CallExpr *Call = madeBy(V);
     const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
     const sem::OpInfo *Op = FD && FD->getIdentifier() && isTensorApi(FD)
                                 ? sem::lookup(Model.rowName(Call, FD->getName()))

@@ -96,6 +96,9 @@ struct TensorFact {
   /// dim to NarrowLen elements, strides Src's contiguous ones; -1 when none.
   int NarrowDim = -1;
   Mono NarrowLen;
+  /// The narrow starts at 0 and may keep the whole dim (`x.narrow(2, 0, n)`):
+  /// its strides are in order, but whether a view of it works is not known.
+  bool NarrowMayBeWhole = false;
   /// Unknown sizes: a view can merge no fewer runs of dims than this, at any
   /// rank (the overlapping windows of `unfold`); 0 when not known.
   int MinChunks = 0;

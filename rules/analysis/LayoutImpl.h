@@ -231,6 +231,10 @@ public:
   // the code shows make the op throw (device-mismatch says so once), so what
   // follows is not judged on a device it never gets. Else self's device.
   static void combineDevice(TensorFact &R, const TensorFact &Self, const TensorFact &O) {
+    // `arange(n) >= starts` with starts' device taken by default: the result
+    // is on the host only by that default too (starts may be on CUDA).
+    if (O.Device == Self.Device && Self.Device == TensorFact::CPU && O.DeviceAssumed)
+      R.DeviceAssumed = true;
     if (O.Device == TensorFact::AnyDevice || Self.Device == TensorFact::AnyDevice ||
         O.Device == Self.Device)
       return;
@@ -256,6 +260,7 @@ public:
     F.SwapA = F.SwapB = -1;
     F.UnitDims = 0;
     F.NarrowDim = -1;
+    F.NarrowMayBeWhole = false;
   }
   void setContiguous(TensorFact &F, const Shape &Sizes) {
     setLayout(F, Sizes, contiguousStrides(ST, Sizes));
@@ -309,6 +314,7 @@ public:
   bool isAsserted(const Expr *E) const;
   layout::DTypeName fieldDType(const FieldDecl *F);
   layout::DTypeName madeDType(const FieldDecl *F);
+  const CallExpr *madeBy(const Expr *V) const;
   /// The dtype a factory call names, in its arguments or in the initializer
   /// of a local TensorOptions it is given that is never assigned again.
   layout::DTypeName factoryDType(const CallExpr *Call);

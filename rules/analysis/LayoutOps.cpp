@@ -536,7 +536,8 @@ ViewQuery LayoutAnalysis::Impl::decideView(const TensorFact &In, const std::opti
     Q.Result = ViewQuery::NotViewable;
   } else if (In.Contig == TensorFact::Yes) {
     Q.Result = ViewQuery::Viewable;
-  } else if (!In.Sizes && (In.SwapA >= 0 || In.NarrowDim >= 0) && New) {
+  } else if (!In.Sizes && (In.SwapA >= 0 || (In.NarrowDim >= 0 && !In.NarrowMayBeWhole)) &&
+             New) {
     Q.Result = decideUnknownRank(In, *New, Q.MinRank).value_or(ViewQuery::Unknown);
   } else if (!In.Sizes && New && tooFewDimsForChunks(In.MinChunks, New->Sizes)) {
     Q.Result = ViewQuery::NotViewable;
@@ -864,9 +865,19 @@ TensorFact LayoutAnalysis::Impl::sliceAlong(const OpCall &C, std::int64_t D, siz
       derived(R, Self, C);
     } else if (D != 0 || Step != 1 || Self.Contig != TensorFact::Yes) {
       R = unknownLike(Self);
+      // `x.narrow(2, 0, n)`: the whole dim or a part, its strides in order
+      // either way, so an op on it makes a contiguous result (Note [dense results]).
+      if (D > 0 && Step == 1 && Self.Contig == TensorFact::Yes && C.Name != "select") {
+        narrowedUnranked(C, Self, D, First, R);
+        R.NarrowMayBeWhole = R.NarrowDim >= 0;
+      }
     } else {
       R.Src = nullptr;
       R.UnitDims = C.Name == "select" ? Self.UnitDims >> 1 : Self.UnitDims & ~1u;
+      // `keys_.narrow(0, 0, n)`: still contiguous, its other sizes its source's,
+      // so a permute after it names them (renameUnranked).
+      narrowedUnranked(C, Self, 0, First, R);
+      renameUnranked(R, C.Call);
     }
     if (C.Name != "select" && Step == 1 && D >= 0 && D < 31 && Self.Src &&
         !((Self.UnitDims >> D) & 1))
@@ -1440,6 +1451,7 @@ void LayoutAnalysis::Impl::renameUnranked(TensorFact &R, const void *Key) {
     }
   R.Src = R.Src ? Key : nullptr;
   R.SwapA = R.SwapB = R.NarrowDim = -1;
+  R.NarrowMayBeWhole = false;
   R.Matrix = false;
 }
 

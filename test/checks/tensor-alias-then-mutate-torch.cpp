@@ -505,3 +505,54 @@ torch::Tensor rotateRows(const torch::Tensor &rows, const torch::Tensor &rot) {
   // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: in-place 'copy_' on 'v' may also change 'rows': 'reshape' returns its input
   return v;
 }
+
+// Note [Recency of a loop's handle]: a handle holds the newest instance its
+// site made. The clone written here is not the one last iteration's
+// `x_next = x_euler` handed on (edm_heun_sampler); nor does `x_cur.add_`
+// reach an `x_next` reassigned since `auto x_cur = x_next`.
+torch::Tensor heunSteps(const torch::Tensor &x0, int64_t steps) {
+  auto x_next = x0.clone();
+  for (int64_t i = 0; i < steps; ++i) {
+    auto x_cur = x_next;
+    auto x_hat = x_cur;
+    auto x_euler = x_hat.clone();
+    x_euler.add_(x_hat, 0.5);
+    x_next = x_euler;
+  }
+  return x_next;
+}
+torch::Tensor relaxSteps(const torch::Tensor &x0, int64_t steps) {
+  auto x_next = x0.clone();
+  for (int64_t i = 0; i < steps; ++i) {
+    auto x_cur = x_next;
+    x_next = x_cur * 2;
+    x_cur.add_(1);
+    std::cout << x_next.sum().item<float>() << x_cur.sum().item<float>();
+  }
+  return x_next;
+}
+// The alias made after the clone in the same iteration is the clone's.
+torch::Tensor keptClone(const torch::Tensor &x0, int64_t steps) {
+  torch::Tensor keep;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto y = x0.clone();
+    keep = y;
+    y.add_(1);
+    // CHECK-FIXES: {{^}}    y = y.add(1);{{$}}
+    // CHECK-MESSAGES: :[[@LINE-2]]:7: warning: in-place 'add_' on 'y' also changes 'keep'
+    std::cout << keep.sum().item<float>();
+  }
+  return keep;
+}
+// A handle copy is the same storage every iteration.
+void stepState(const torch::Tensor &state, int64_t steps) {
+  torch::Tensor seen;
+  for (int64_t i = 0; i < steps; ++i) {
+    torch::Tensor v = state;
+    v.add_(1);
+    // CHECK-FIXES: {{^}}    v = v.add(1);{{$}}
+    // CHECK-MESSAGES: :[[@LINE-2]]:7: warning: in-place 'add_' on 'v' also changes 'state'
+    seen = v;
+    std::cout << seen.sum().item<float>();
+  }
+}

@@ -439,3 +439,23 @@ public:
 private:
   torch::Tensor rewards_, mirror_;
 };
+
+// A member registered as a buffer has the dtype of the value registered,
+// through ops that keep self's dtype (`triu`, `to(device)`): a bool mask
+// copied into a bool mask converts nothing; float64 weights into float32 do.
+struct MaskedAttentionImpl : torch::nn::Module {
+  explicit MaskedAttentionImpl(int64_t len, torch::Device device) {
+    causal_ = register_buffer("causal", torch::ones({len, len}, torch::kBool).triu(1));
+    prior_ = register_buffer("prior", torch::rand({len}, torch::kFloat64).to(device));
+  }
+  torch::Tensor maskFor(int64_t mem, int64_t len) {
+    auto full = torch::zeros({mem + len, mem + len}, torch::kBool);
+    full.narrow(0, mem, len).narrow(1, mem, len).copy_(causal_);
+    auto weights = torch::empty({len}, torch::kFloat32);
+    weights.copy_(prior_);
+    // CHECK-MESSAGES: :[[@LINE-1]]:13: warning: copy_ silently converts float64 to float32 (the destination's dtype)
+    return full.logical_or(weights.gt(0.5).any());
+  }
+  torch::Tensor causal_, prior_;
+};
+TORCH_MODULE(MaskedAttention);

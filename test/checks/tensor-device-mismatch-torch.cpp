@@ -882,3 +882,26 @@ private:
   torch::Device device_;
 };
 torch::Tensor runOnHost(const torch::Tensor &x) { return HostTrainer(torch::kCPU).weighted(x); }
+
+// A host tensor the code shows meeting one whose device only the default
+// says (a parameter no call in view passes): the result is on the host by
+// that default alone, so its meeting a CUDA tensor later is not reported.
+torch::Tensor regulateLength(const torch::Tensor &enc, const torch::Tensor &durations) {
+  auto ends = torch::cumsum(durations, 1);
+  auto starts = ends - durations;
+  auto frames = torch::arange(16).view({1, 1, -1});
+  auto span = (frames >= starts.unsqueeze(-1)) & (frames < ends.unsqueeze(-1));
+  return torch::matmul(span.transpose(1, 2).to(enc.scalar_type()), enc);
+}
+// `empty_like(x, kLong)`: options made from a dtype keep x's device.
+torch::Tensor framesUpTo(const torch::Tensor &logDur) {
+  auto durations = torch::empty_like(logDur, torch::kLong);
+  durations.copy_(logDur.exp().round());
+  return torch::arange(16) < durations.unsqueeze(-1);
+  // CHECK-MESSAGES: :[[@LINE-1]]:28: error: '<' combines the CPU tensor 'torch::arange(16)' with 'durations.unsqueeze(-1)': throws at run time on a machine with CUDA
+}
+void runRegulate(const torch::Tensor &durations) {
+  auto device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  auto enc = torch::randn({2, 5, 8}, device);
+  std::cout << regulateLength(enc, durations) << framesUpTo(enc);
+}

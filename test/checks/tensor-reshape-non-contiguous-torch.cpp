@@ -405,3 +405,12 @@ struct TokenEncoderImpl : torch::nn::Module {
 torch::Tensor keptOuterNegatives(const torch::Tensor &w, const torch::Tensor &x, int64_t d) {
   return w.t().reshape({-1, d}).sum() + x.transpose(1, 2).reshape({x.size(0), -1, d}).sum();
 }
+
+// A narrow from 0 along dim 0 stays contiguous with its source's other
+// sizes: the permute after it names them (round 23's memory readout).
+torch::Tensor memoryReadout(const torch::Tensor &keys, int64_t used) {
+  auto flat = keys.narrow(0, 0, used).reshape({used, -1});
+  return keys.narrow(0, 0, used).permute({1, 2, 0, 3}).reshape({keys.size(1), keys.size(2), -1}) +
+         flat.sum();
+  // CHECK-MESSAGES: :[[@LINE-2]]:56: warning: 'reshape' silently copies the non-contiguous result of 'permute'
+}

@@ -203,6 +203,26 @@ double rolloutEachStep(Net &model, torch::optim::Optimizer &opt, const std::vect
   }
   return total;
 }
+// An evaluation forward beside the epoch's helper makes no step of the
+// epoch loop itself: the log waits once per epoch (punet_upsampling).
+double trainPass(Net &model, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs) {
+  torch::Device device(torch::kCUDA);
+  for (const auto &x : xs) {
+    auto loss = model.forward(x.to(device)).mean();
+    loss.backward();
+    opt.step();
+  }
+  return 0.0;
+}
+void epochsWithProbe(Net &model, torch::optim::Optimizer &opt, const std::vector<torch::Tensor> &xs) {
+  torch::Device device(torch::kCUDA);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    trainPass(model, opt, xs);
+    torch::NoGradGuard no_grad;
+    auto spread = model.forward(xs[0].to(device)).std();
+    std::cout << "epoch " << epoch << " spread " << spread.item<double>() << "\n";
+  }
+}
 // So does a solver whose loop reads a value to the host every pass (its
 // convergence test): the caller's sync waits once per solve.
 torch::Tensor solveToTolerance(const torch::Tensor &a, torch::Tensor x, double tol) {

@@ -446,3 +446,16 @@ torch::Tensor readyHop(const torch::Tensor &pending, const torch::Tensor &weight
   return ready.select(0, 0).t().view({-1});
   // CHECK-MESSAGES: :[[@LINE-1]]:33: warning: 'view' on the non-contiguous result of 't' throws at run time unless the dimensions it merges have size 1
 }
+// A narrow from 0 may keep its whole dim, but its strides are in order all
+// the same: the op's result is contiguous either way (demucs_chunked_overlap_add).
+torch::Tensor readyFromStart(const torch::Tensor &pending, const torch::Tensor &weights,
+                             int64_t hop) {
+  auto ready = pending.narrow(2, 0, hop) / weights.narrow(0, 0, hop).clamp_min(1e-6);
+  return ready.select(0, 0).t().view({-1});
+  // CHECK-MESSAGES: :[[@LINE-1]]:33: warning: 'view' on the non-contiguous result of 't' throws at run time unless the dimensions it merges have size 1
+}
+// Whether a view of the narrow itself works depends on the length: silent.
+torch::Tensor headRows(const torch::Tensor &x, int64_t n) {
+  auto head = x.narrow(1, 0, n).view({-1});
+  return head + (x.narrow(2, 0, n) * 2).view({-1}).sum();
+}
