@@ -173,6 +173,25 @@ void bodiesOf(const ValueDecl *Root, const Stmt *At, ASTContext &Ctx,
     Out.push_back(FD->getBody());
 }
 
+// Root and the state made from it through F's derivation edges; a
+// structured binding's names are its own (`auto [zs, logdet] = net(x)`).
+llvm::DenseSet<const ValueDecl *> derivedFrom(const ValueDecl *Root, const FlowCollector &F) {
+  llvm::DenseSet<const ValueDecl *> Derived{Root};
+  if (const auto *DD = dyn_cast<DecompositionDecl>(Root))
+    for (const BindingDecl *B : DD->bindings())
+      Derived.insert(B);
+  for (bool Changed = true; Changed;) {
+    Changed = false;
+    for (const auto &[Src, To] : F.Edges) {
+      llvm::SmallVector<const ValueDecl *, 8> Refs;
+      refsOf(Src, Refs);
+      if (!Derived.contains(To) && llvm::any_of(Refs, [&](auto *D) { return Derived.contains(D); }))
+        Changed = Derived.insert(To).second;
+    }
+  }
+  return Derived;
+}
+
 } // namespace
 
 // E is the state Root itself, or a braced list or tuple of values each of
@@ -239,19 +258,7 @@ bool KeptValueFlow::differentiable(const ValueDecl *Root, const Stmt *At, unsign
   FlowCollector F(Model);
   for (const Stmt *B : Bodies)
     F.TraverseStmt(const_cast<Stmt *>(B));
-  llvm::DenseSet<const ValueDecl *> Derived{Root};
-  if (const auto *DD = dyn_cast<DecompositionDecl>(Root)) // `auto [zs, logdet] = net(x)`
-    for (const BindingDecl *B : DD->bindings())
-      Derived.insert(B);
-  for (bool Changed = true; Changed;) {
-    Changed = false;
-    for (const auto &[From, To] : F.Edges) {
-      llvm::SmallVector<const ValueDecl *, 8> Refs;
-      refsOf(From, Refs);
-      if (!Derived.contains(To) && llvm::any_of(Refs, [&](auto *D) { return Derived.contains(D); }))
-        Changed = Derived.insert(To).second;
-    }
-  }
+  llvm::DenseSet<const ValueDecl *> Derived = derivedFrom(Root, F);
   auto Reaches = [&](const Stmt *S) {
     llvm::SmallVector<const ValueDecl *, 8> Refs;
     refsOf(S, Refs);
@@ -272,7 +279,6 @@ bool KeptValueFlow::differentiable(const ValueDecl *Root, const Stmt *At, unsign
             callersMayUseResult(At, Depth));
   });
 }
-
 
 bool KeptValueFlow::callersMayDifferentiate(const ParmVarDecl *P, unsigned Depth) const {
   const auto *FD = dyn_cast<FunctionDecl>(P->getDeclContext());
