@@ -79,23 +79,30 @@ bool contains(const Stmt *S, const Stmt *X) {
   return S == X || llvm::any_of(S->children(), [&](const Stmt *C) { return C && contains(C, X); });
 }
 
+// A call of backward() or an optimizer's step(): training.
+bool isTrainingStep(const Stmt *S) {
+  const auto *Call = dyn_cast<CallExpr>(S);
+  const auto *MD = Call ? dyn_cast_or_null<CXXMethodDecl>(Call->getDirectCallee()) : nullptr;
+  return MD && MD->getIdentifier() && llvm::is_contained({"backward", "step"}, MD->getName());
+}
+
 // A training or evaluation step: backward(), an optimizer's step(), a module call.
 bool isStep(const Stmt *S) {
   const auto *Call = dyn_cast<CallExpr>(S);
   if (!Call)
     return false;
-  if (isModuleCall(Call))
+  if (isModuleCall(Call) || isTrainingStep(Call))
     return true;
   const auto *MD = dyn_cast_or_null<CXXMethodDecl>(Call->getDirectCallee());
-  return MD && (isModuleForward(MD) ||
-                (MD->getIdentifier() && llvm::is_contained({"backward", "step"}, MD->getName())));
+  return MD && isModuleForward(MD);
 }
 
-// S makes a step, outside lambdas it writes.
-bool runsStep(const Stmt *S) {
+// S makes a step (Training: trains), outside lambdas it writes.
+bool runsStep(const Stmt *S, bool Training = false) {
   if (!S || isa<LambdaExpr>(S))
     return false;
-  return isStep(S) || llvm::any_of(S->children(), runsStep);
+  return (Training ? isTrainingStep(S) : isStep(S)) ||
+         llvm::any_of(S->children(), [&](const Stmt *C) { return runsStep(C, Training); });
 }
 
 // `err.max().item<double>()`: a value read to the host, outside lambdas.
@@ -129,37 +136,35 @@ bool testsConvergence(const Stmt *S) {
 }
 
 // A loop of steps, or a solver's loop that waits for the device every pass
-// to test convergence: a sync beside it is one per pass.
-bool isPassLoop(const Stmt *Loop) {
+// to test convergence: a sync beside it is one per pass. Training: a loop
+// that trains (an epoch helper's).
+bool isPassLoop(const Stmt *Loop, bool Training = false) {
+  if (Training)
+    return runsStep(Loop, true);
   return runsStep(Loop) || testsConvergence(loopBody(Loop)) ||
          (isa<WhileStmt>(Loop) && readsHost(cast<WhileStmt>(Loop)->getCond()));
 }
 
 // S holds such a loop outside lambdas.
-bool hasStepLoop(const Stmt *S) {
+bool hasStepLoop(const Stmt *S, bool Training) {
   if (!S || isa<LambdaExpr>(S))
     return false;
   if (isLoop(S))
-    return isPassLoop(S);
-  return llvm::any_of(S->children(), hasStepLoop);
+    return isPassLoop(S, Training);
+  return llvm::any_of(S->children(), [&](const Stmt *C) { return hasStepLoop(C, Training); });
 }
 
 // Call runs a function of the TU whose body holds a pass loop (a tiled
-// inference, an epoch helper, a solver): one level deep.
-bool callsStepLoop(const Stmt *S) {
+// inference, an epoch helper, a solver; Training: one that trains): one
+// level deep.
+bool callsStepLoop(const Stmt *S, bool Training) {
   const auto *Call = dyn_cast<CallExpr>(S);
-  const FunctionDecl *FD = Call && !isStep(Call) ? Call->getDirectCallee() : nullptr;
-  if (const auto *MD = dyn_cast_or_null<CXXMethodDecl>(FD); MD && isModuleRecord(MD->getParent()))
+  const FunctionDecl *FD = Call && (Training || !isStep(Call)) ? Call->getDirectCallee() : nullptr;
+  if (const auto *MD = dyn_cast_or_null<CXXMethodDecl>(FD);
+      !Training && MD && isModuleRecord(MD->getParent()))
     return false; // a module's own loop over its layers is one step
   const FunctionDecl *Def = FD ? FD->getDefinition() : nullptr;
-  return Def && !isTensorLibraryCode(Def) && hasStepLoop(Def->getBody());
-}
-
-// A call of backward() or an optimizer's step(): training.
-bool isTrainingStep(const Stmt *S) {
-  const auto *Call = dyn_cast<CallExpr>(S);
-  const auto *MD = Call ? dyn_cast_or_null<CXXMethodDecl>(Call->getDirectCallee()) : nullptr;
-  return MD && MD->getIdentifier() && llvm::is_contained({"backward", "step"}, MD->getName());
+  return Def && !isTensorLibraryCode(Def) && hasStepLoop(Def->getBody(), Training);
 }
 
 // S makes a step (Training: trains) outside lambdas and nested loops.
@@ -169,23 +174,6 @@ bool makesStepItself(const Stmt *S, bool Training) {
   if (Training ? isTrainingStep(S) : isStep(S))
     return true;
   return llvm::any_of(S->children(), [&](const Stmt *C) { return makesStepItself(C, Training); });
-}
-
-// S holds a loop that trains, outside lambdas.
-bool hasTrainingLoop(const Stmt *S) {
-  if (!S || isa<LambdaExpr>(S))
-    return false;
-  if (isLoop(S) && makesStepItself(loopBody(S), true))
-    return true;
-  return llvm::any_of(S->children(), hasTrainingLoop);
-}
-
-// Call runs a function of the TU that trains in a loop (an epoch helper).
-bool callsTrainingLoop(const Stmt *S) {
-  const auto *Call = dyn_cast<CallExpr>(S);
-  const FunctionDecl *FD = Call ? Call->getDirectCallee() : nullptr;
-  const FunctionDecl *Def = FD ? FD->getDefinition() : nullptr;
-  return Def && !isTensorLibraryCode(Def) && hasTrainingLoop(Def->getBody());
 }
 
 // Loop runs a pass loop beside the sync (`for (epoch) { for (batch) {...}
@@ -206,7 +194,7 @@ bool besideStepLoop(const Stmt *Sync, const Stmt *Loop) {
       continue;
     }
     if (isa<CallExpr>(S) && !contains(S, Sync) &&
-        ((!OwnSteps && callsStepLoop(S)) || (!OwnTraining && callsTrainingLoop(S))))
+        ((!OwnSteps && callsStepLoop(S, false)) || (!OwnTraining && callsStepLoop(S, true))))
       return true; // an epoch helper beside an evaluation forward counts too
     Work.append(S->child_begin(), S->child_end());
   }
